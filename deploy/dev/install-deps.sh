@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs, only when they are missing.
+#   libclang-dev  bindgen for librocksdb-sys
+#   g++, make     RocksDB's C++ sources
+#   pkg-config, libssl-dev, libsasl2-dev, cmake: librdkafka (the Kafka runtime)
+set -euo pipefail
+
+needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev cmake)
+missing=()
+for pkg in "${needed[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+if [ "${AIRLOCK_SKIP_APT:-0}" = "1" ]; then
+  echo "install-deps: missing ${missing[*]} and AIRLOCK_SKIP_APT=1; install them yourself" >&2
+  exit 1
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

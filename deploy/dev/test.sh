@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what is missing (idempotently), then
+# rustfmt, clippy with warnings denied, and every test of the workspace.
+#
+# Knobs (environment):
+#   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
+#                      a fresh clone reuses earlier builds)
+#   AIRLOCK_SKIP_APT=1 never call apt-get (you installed the packages yourself)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+
+# shellcheck source=deploy/dev/env.sh
+source "$here/env.sh"
+"$here/install-deps.sh"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked

@@ -1,0 +1,199 @@
+//! `airlock-bench-core`: decisions per second through the core over the RocksDB store, on one
+//! thread, with the whole per-record path a task runs: Avro decode of the proposal, canonical
+//! arguments and hash, JSON Schema validation, tenant binding, invariants, Cedar policy, state
+//! reads and staged writes, and Avro encode of every output (dispatch, decision, journal).
+//! Batches are committed to RocksDB (one `WriteBatch`, fsync'd) as the runtime would.
+//!
+//! Phases, all in one run so the ratios compare like with like:
+//! - `baseline`: Avro decode of the proposal and encode of one output record, nothing else;
+//! - `fresh`: new operation keys (every proposal dispatches);
+//! - `resend`: the same proposal ids again (producer-side resends, answered from dedup state);
+//! - `retry`: new proposal ids for keys already in flight (full validation, IN_PROGRESS).
+//!
+//! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync]`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_processor::core::{self, Input};
+use airlock_processor::sample;
+use airlock_processor::store::rocks::RocksOptions;
+use airlock_processor::store::{RocksBackend, StateStore};
+use airlock_processor::task::Task;
+use airlock_schemas::ToolProposal;
+use airlock_schemas::codec::Codec;
+use anyhow::Context;
+use hdrhistogram::Histogram;
+
+const T0: i64 = 1_790_000_000_000;
+
+struct Phase {
+    name: &'static str,
+    count: usize,
+    elapsed: Duration,
+    per_record: Histogram<u64>,
+    per_commit: Histogram<u64>,
+}
+
+impl Phase {
+    fn new(name: &'static str) -> Self {
+        Phase {
+            name,
+            count: 0,
+            elapsed: Duration::ZERO,
+            per_record: Histogram::new(3).expect("3 significant digits is a valid histogram"),
+            per_commit: Histogram::new(3).expect("3 significant digits is a valid histogram"),
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.count as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn report(&self, baseline: Option<&Phase>) {
+        let ratio = baseline.map_or(String::new(), |b| {
+            format!("  ratio to baseline {:.3}", self.rate() / b.rate())
+        });
+        println!(
+            "{:<9} {:>8} records  {:>10.0} /s  p50 {:>6.2} µs  p99 {:>7.2} µs  commit p50 {:>7.2} ms p99 {:>7.2} ms{ratio}",
+            self.name,
+            self.count,
+            self.rate(),
+            self.per_record.value_at_quantile(0.50) as f64 / 1000.0,
+            self.per_record.value_at_quantile(0.99) as f64 / 1000.0,
+            self.per_commit.value_at_quantile(0.50) as f64 / 1e6,
+            self.per_commit.value_at_quantile(0.99) as f64 / 1e6,
+        );
+    }
+}
+
+struct Args {
+    proposals: usize,
+    batch: usize,
+    sync: bool,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        proposals: 50_000,
+        batch: 500,
+        sync: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--proposals" => args.proposals = it.next().context("--proposals N")?.parse()?,
+            "--batch" => args.batch = it.next().context("--batch N")?.parse()?,
+            "--no-sync" => args.sync = false,
+            "--help" | "-h" => {
+                println!("airlock-bench-core [--proposals N] [--batch N] [--no-sync]");
+                std::process::exit(0);
+            }
+            other => anyhow::bail!("unknown argument {other:?}; try --help"),
+        }
+    }
+    anyhow::ensure!(
+        args.proposals > 0 && args.batch > 0,
+        "counts must be positive"
+    );
+    Ok(args)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let codec = Codec::new();
+    let core = Arc::new(sample::reference_core(core::Config::default())?);
+    let dir = tempfile::tempdir().context("temporary directory for RocksDB")?;
+    let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
+    let mut task = Task::new(core, StateStore::open(backend)?, sample::task_context(0))?;
+
+    let proposals: Vec<ToolProposal> = (0..args.proposals)
+        .map(|i| {
+            let mut p = sample::refund(&format!("refund:bench:{i}"), 100 + (i as i64 % 9_000), T0);
+            p.proposal_id = format!("bench-{i}");
+            p.run_id = format!("run-{}", i % 1_000);
+            p
+        })
+        .collect();
+    let encode = |ps: &[ToolProposal]| -> anyhow::Result<Vec<Vec<u8>>> {
+        ps.iter()
+            .map(|p| Ok(codec.encode_single_object(p)?))
+            .collect()
+    };
+    let fresh = encode(&proposals)?;
+    let retries = encode(
+        &proposals
+            .iter()
+            .map(|p| sample::resend(p, 1))
+            .collect::<Vec<_>>(),
+    )?;
+
+    println!(
+        "airlock-bench-core: {} proposals, batches of {}, RocksDB fsync {}, one thread",
+        args.proposals,
+        args.batch,
+        if args.sync { "on" } else { "off" }
+    );
+
+    // Baseline: decode the proposal, encode one output record of the same size class.
+    let mut baseline = Phase::new("baseline");
+    let started = Instant::now();
+    for bytes in &fresh {
+        let t = Instant::now();
+        let p: ToolProposal = codec.decode_single_object(bytes)?;
+        let out = codec.encode_single_object(&p)?;
+        std::hint::black_box(out);
+        baseline.per_record.record(t.elapsed().as_nanos() as u64)?;
+        baseline.count += 1;
+    }
+    baseline.elapsed = started.elapsed();
+
+    let mut run = |name: &'static str, payloads: &[Vec<u8>]| -> anyhow::Result<Phase> {
+        let mut phase = Phase::new(name);
+        let started = Instant::now();
+        let mut outputs = 0usize;
+        for chunk in payloads.chunks(args.batch) {
+            for bytes in chunk {
+                let t = Instant::now();
+                let p: ToolProposal = codec.decode_single_object(bytes)?;
+                let at = p.proposed_at;
+                let effects = task.handle(&Input::Proposal(p), at)?;
+                for d in &effects.dispatches {
+                    outputs += codec.encode_single_object(d)?.len();
+                }
+                for d in &effects.decisions {
+                    outputs += codec.encode_single_object(d)?.len();
+                }
+                for j in &effects.journal {
+                    outputs += codec.encode_single_object(j)?.len();
+                }
+                phase.per_record.record(t.elapsed().as_nanos() as u64)?;
+            }
+            let t = Instant::now();
+            task.commit()?;
+            phase.per_commit.record(t.elapsed().as_nanos() as u64)?;
+            phase.count += chunk.len();
+        }
+        phase.elapsed = started.elapsed();
+        std::hint::black_box(outputs);
+        Ok(phase)
+    };
+    let fresh_phase = run("fresh", &fresh)?;
+    let resend_phase = run("resend", &fresh)?;
+    let retry_phase = run("retry", &retries)?;
+
+    baseline.report(None);
+    for phase in [&fresh_phase, &resend_phase, &retry_phase] {
+        phase.report(Some(&baseline));
+    }
+    println!(
+        "targets: fresh >= 50000/s: {}; duplicates (resend) >= 200000/s: {}",
+        verdict(fresh_phase.rate() >= 50_000.0),
+        verdict(resend_phase.rate() >= 200_000.0)
+    );
+    Ok(())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}

@@ -1,0 +1,37 @@
+//! Subcommands of the `airlock` binary. Each is a function from parsed arguments to an exit
+//! status, so tests can drive them without a process.
+//!
+//! # Layout
+//! - [`hash`]: `airlock hash` prints canonical arguments, their hash and the idempotency key.
+//! - [`check`]: `airlock check` loads a tool registry and a policy bundle and reports them.
+
+pub mod check;
+pub mod hash;
+
+use clap::{Parser, Subcommand};
+
+/// Airlock: the execution boundary for AI agents' side effects.
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the canonical form and SHA-256 of a JSON document, so other languages can check
+    /// theirs (reads standard input when no file is given).
+    Hash(hash::Args),
+    /// Load a tool registry and a policy bundle, report what they hold, exit non-zero on error.
+    Check(check::Args),
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Hash(args) => hash::run(&args, &mut std::io::stdout().lock()),
+            Command::Check(args) => check::run(&args, &mut std::io::stdout().lock()),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Control: operator settlement and cancellation, and run lease fences (fence 3).
+
+use super::*;
+
+impl Core {
+    pub(super) fn handle_control(
+        &self,
+        view: &impl StateView,
+        c: &Control,
+        step: &mut Step,
+    ) -> Result<()> {
+        let now = step.now;
+        let decision_id = format!("c/{}", c.control_id);
+        let evidence = bounded(
+            c.evidence.as_deref().unwrap_or(""),
+            self.config.max_evidence_bytes,
+        );
+        if c.kind == ControlKind::LeaseFence {
+            let (Some(run_id), Some(fence)) = (&c.run_id, c.lease_fence) else {
+                return self.control_refused(
+                    c,
+                    None,
+                    Reason::Malformed,
+                    "LEASE_FENCE needs run_id and lease_fence".to_owned(),
+                    step,
+                );
+            };
+            let mut run = view.run(run_id)?.unwrap_or(RunRecord {
+                highest_fence: fence,
+                dispatches: 0,
+                updated_at: now,
+                expires_at: now,
+            });
+            run.highest_fence = run.highest_fence.max(fence);
+            run.updated_at = now;
+            run.expires_at = now.saturating_add_unsigned(self.config.run_retention_ms);
+            let mut event = self.event(JournalKind::RunFenceAdvanced, step, None);
+            event.run_id = Some(run_id.clone());
+            event.principal_id = Some(c.operator_id.clone());
+            event.lease_fence = Some(run.highest_fence);
+            event.verdict = Some(Verdict::Recorded);
+            event.reason = Some(Reason::FenceAdvanced);
+            step.out.decisions.push(Decision {
+                decision_id,
+                in_reply_to: c.control_id.clone(),
+                operation_key: c.operation_key.clone().unwrap_or_default(),
+                run_id: Some(run_id.clone()),
+                verdict: Verdict::Recorded,
+                reason: Reason::FenceAdvanced,
+                detail: format!("run {run_id} fenced at {}", run.highest_fence),
+                arguments_hash: None,
+                policy_bundle_hash: None,
+                epoch: None,
+                state: None,
+                receipt: None,
+                owner_partition: 0,
+                owner_epoch: 0,
+                decided_at: now,
+            });
+            return step.journal(
+                event,
+                vec![Write::Run {
+                    run_id: run_id.clone(),
+                    run: Some(run),
+                }],
+            );
+        }
+        let Some(key) = &c.operation_key else {
+            return self.control_refused(
+                c,
+                None,
+                Reason::Malformed,
+                format!("{} needs an operation_key", c.kind.as_str()),
+                step,
+            );
+        };
+        let Some(mut rec) = view.effect(key)? else {
+            return self.control_refused(
+                c,
+                None,
+                Reason::NoPendingApproval,
+                format!("no intent for operation key {key}"),
+                step,
+            );
+        };
+        let open_attempt = matches!(
+            rec.state,
+            State::Dispatched { .. }
+                | State::InFlight { .. }
+                | State::Unknown { .. }
+                | State::OperatorRequired { .. }
+        );
+        let (verdict, reason, detail) = match c.kind {
+            ControlKind::SettleCommitted if open_attempt => {
+                rec.state = State::Committed {
+                    receipt: receipt(&rec, &c.control_id, &evidence),
+                    evidence: evidence.clone(),
+                    settled_at: now,
+                };
+                (
+                    Verdict::Committed,
+                    Reason::OperatorSettled,
+                    format!("settled COMMITTED by {}: {evidence}", c.operator_id),
+                )
+            }
+            ControlKind::SettleFailed if open_attempt => {
+                close_failed(&mut rec, now, &evidence);
+                (
+                    Verdict::Failed,
+                    Reason::OperatorSettled,
+                    format!("settled FAILED by {}: {evidence}", c.operator_id),
+                )
+            }
+            ControlKind::Cancel
+                if matches!(
+                    rec.state,
+                    State::AwaitingApproval { .. }
+                        | State::Failed {
+                            retry_at: Some(_),
+                            ..
+                        }
+                ) =>
+            {
+                rec.state = State::Cancelled {
+                    at: now,
+                    by: c.operator_id.clone(),
+                };
+                (
+                    Verdict::Cancelled,
+                    Reason::CancelledByOperator,
+                    format!("cancelled by {}: {evidence}", c.operator_id),
+                )
+            }
+            _ => {
+                let state = rec.effect_state().as_str();
+                return self.control_refused(
+                    c,
+                    Some(&rec),
+                    Reason::IntentClosed,
+                    format!(
+                        "{} does not apply to an intent in state {state}",
+                        c.kind.as_str()
+                    ),
+                    step,
+                );
+            }
+        };
+        rec.updated_at = now;
+        let mut event = self.event(JournalKind::ControlApplied, step, Some(&rec));
+        event.principal_id = Some(c.operator_id.clone());
+        event.verdict = Some(verdict);
+        event.reason = Some(reason);
+        event.evidence = Some(detail.clone());
+        step.out.decisions.push(self.reply(
+            &decision_id,
+            &c.control_id,
+            &rec,
+            verdict,
+            reason,
+            detail.clone(),
+            now,
+        ));
+        let id = format!("e/{}/{}/{}", rec.operation_key, rec.epoch, reason.as_str());
+        let to_proposal = self.reply(&id, &rec.proposal_id, &rec, verdict, reason, detail, now);
+        step.out.decisions.push(to_proposal);
+        step.journal(event, vec![effect_write(rec)])
+    }
+
+    fn control_refused(
+        &self,
+        c: &Control,
+        rec: Option<&EffectRecord>,
+        reason: Reason,
+        detail: String,
+        step: &mut Step,
+    ) -> Result<()> {
+        let mut event = self.event(JournalKind::ControlApplied, step, rec);
+        event.operation_key = c.operation_key.clone();
+        event.principal_id = Some(c.operator_id.clone());
+        event.verdict = Some(Verdict::Rejected);
+        event.reason = Some(reason);
+        event.evidence = Some(detail.clone());
+        step.out.decisions.push(Decision {
+            decision_id: format!("c/{}", c.control_id),
+            in_reply_to: c.control_id.clone(),
+            operation_key: c.operation_key.clone().unwrap_or_default(),
+            run_id: c.run_id.clone(),
+            verdict: Verdict::Rejected,
+            reason,
+            detail,
+            arguments_hash: None,
+            policy_bundle_hash: None,
+            epoch: rec.map(|r| r.epoch),
+            state: rec.map(EffectRecord::effect_state),
+            receipt: None,
+            owner_partition: 0,
+            owner_epoch: 0,
+            decided_at: step.now,
+        });
+        step.journal(event, Vec::new())
+    }
+}

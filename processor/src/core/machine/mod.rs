@@ -1,0 +1,406 @@
+//! The decision state machine: one entry point, [`Core::handle`], from (state view, input, now)
+//! to [`Effects`]. Pure: no clock, no randomness, no I/O. Refusals are decisions, not errors;
+//! `Err` means the state could not be read or a record could not be encoded.
+//!
+//! # Layout (one file per input kind)
+//! - `handle_proposal`: DESIGN.md section 4, the validation order, then section 3's idempotency
+//!   contract for an existing key.
+//! - `handle_approval`: approvals bound to the hash, single use, expiring, entitled, not the
+//!   requester, M distinct approvers; authorization re-evaluated when the quorum is reached.
+//! - `handle_outcome`: attempt epochs (fence 2); stale outcomes kept as evidence; double-effect
+//!   alert; COMMITTED never regresses; UNKNOWN starts reconciliation.
+//! - `handle_control`: operator settle and cancel, run lease fences (fence 3).
+//! - `handle_timer`: approval expiry, attempt timeout (UNKNOWN, never FAILED), reconcile rounds,
+//!   retries of proven failures, purging after retention.
+
+use airlock_schemas::{
+    Approval, ApprovalVerdict, Control, ControlKind, Decision, DispatchCommand, JournalEvent,
+    JournalKind, Outcome, OutcomeKind, Reason, ReconcileCommand, ToolProposal, Verdict,
+};
+use sha2::{Digest, Sha256};
+
+mod approval;
+mod control;
+mod outcome;
+mod proposal;
+mod timer;
+
+use super::canonical;
+use super::input::{Input, TimerFired, TimerTarget};
+use super::output::Effects;
+use super::policy::{Authz, AuthzRequest, Policy};
+use super::record::{
+    EffectRecord, ProposalSeen, REDUCER_VERSION, RunRecord, State, TimerKind, Write,
+};
+use super::registry::{LookupError, Registry, Tool};
+use super::{Error, Result, StateView};
+
+/// Limits and durations of the core that are not per tool. Every field has a production default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Added to an attempt's deadline before it is declared UNKNOWN, so that an outcome produced
+    /// just before the deadline can still arrive.
+    pub outcome_grace_ms: u64,
+    /// How long a proposal id is remembered to give resends the same reply.
+    pub proposal_dedup_retention_ms: u64,
+    /// How long a run's fence and budget are kept after its last accepted proposal.
+    pub run_retention_ms: u64,
+    /// Dispatches one agent run may cause on one partition; stops runaway agent loops.
+    pub max_dispatches_per_run: u32,
+    /// Evidence from connectors and operators is truncated to this many bytes.
+    pub max_evidence_bytes: usize,
+    /// Upper bound on `arguments_json` before any tool-specific limit is known.
+    pub max_arguments_bytes: usize,
+    /// Upper bound on identifiers (operation key, proposal id, run id, ...).
+    pub max_identifier_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            outcome_grace_ms: 5_000,
+            proposal_dedup_retention_ms: 7 * 24 * 3_600_000,
+            run_retention_ms: 7 * 24 * 3_600_000,
+            max_dispatches_per_run: 10_000,
+            max_evidence_bytes: 4_096,
+            max_arguments_bytes: 1 << 20,
+            max_identifier_bytes: 512,
+        }
+    }
+}
+
+/// The decision core: the tool registry, the policy bundle and the limits it decides under.
+#[derive(Debug)]
+pub struct Core {
+    registry: Registry,
+    policy: Policy,
+    config: Config,
+}
+
+/// A reply owed to whoever sent an input: verdict, reason, human-readable detail.
+type Reply = (Verdict, Reason, String);
+
+/// Accumulates the outputs of one input.
+struct Step {
+    cause_id: String,
+    now: i64,
+    out: Effects,
+}
+
+impl Step {
+    fn journal(&mut self, mut event: JournalEvent, writes: Vec<Write>) -> Result<()> {
+        if !writes.is_empty() {
+            event.record_json =
+                Some(
+                    serde_json::to_string(&writes).map_err(|source| Error::Encode {
+                        what: "journal writes",
+                        source,
+                    })?,
+                );
+        }
+        self.out.writes.extend(writes);
+        self.out.journal.push(event);
+        Ok(())
+    }
+}
+
+impl Core {
+    pub fn new(registry: Registry, policy: Policy, config: Config) -> Self {
+        Core {
+            registry,
+            policy,
+            config,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Decides one input. `now` is the input record's timestamp (a timer's due time), never the
+    /// wall clock, so that re-deciding after a crash gives the same outputs.
+    pub fn handle(&self, view: &impl StateView, input: &Input, now: i64) -> Result<Effects> {
+        let mut step = Step {
+            cause_id: input.cause_id(),
+            now,
+            out: Effects::default(),
+        };
+        match input {
+            Input::Proposal(p) => self.handle_proposal(view, p, &mut step)?,
+            Input::Approval(a) => self.handle_approval(view, a, &mut step)?,
+            Input::Outcome(o) => self.handle_outcome(view, o, &mut step)?,
+            Input::Control(c) => self.handle_control(view, c, &mut step)?,
+            Input::Timer(t) => self.handle_timer(view, t, &mut step)?,
+        }
+        Ok(step.out)
+    }
+
+    /// Records a dispatch intent for epoch n+1 and emits its command. The caller journals the
+    /// record in the same step, so the command never leaves without a durable intent.
+    fn dispatch(&self, rec: &mut EffectRecord, tool: &Tool, now: i64, step: &mut Step) {
+        rec.epoch += 1;
+        rec.attempts += 1;
+        let attempt_deadline_at = rec
+            .deadline_at
+            .min(now.saturating_add_unsigned(tool.attempt_timeout_cap_ms));
+        let timeout_at = attempt_deadline_at.saturating_add_unsigned(self.config.outcome_grace_ms);
+        rec.state = State::Dispatched {
+            attempt_deadline_at,
+            timeout_at,
+        };
+        step.out.dispatches.push(DispatchCommand {
+            command_id: format!("{}#{}", rec.operation_key, rec.epoch),
+            operation_key: rec.operation_key.clone(),
+            epoch: rec.epoch,
+            proposal_id: rec.proposal_id.clone(),
+            tool: rec.tool.clone(),
+            tool_version: rec.tool_version.clone(),
+            connector: rec.connector.clone(),
+            tenant_id: rec.tenant_id.clone(),
+            principal_id: rec.principal_id.clone(),
+            arguments_json: rec.arguments_json.clone(),
+            arguments_hash: rec.arguments_hash.clone(),
+            idempotency_key: rec.idempotency_key.clone(),
+            deadline_at: rec.deadline_at,
+            attempt_deadline_at,
+            attempt_timeout_ms: (attempt_deadline_at - now).max(0),
+            policy_bundle_hash: rec.policy_bundle_hash.clone(),
+            owner_partition: 0,
+            owner_epoch: 0,
+            capability: None,
+            issued_at: now,
+        });
+    }
+
+    fn reauthorize(&self, rec: &EffectRecord, tool: &Tool) -> Authz {
+        let args: serde_json::Value =
+            serde_json::from_str(&rec.arguments_json).unwrap_or(serde_json::Value::Null);
+        let resource = tool.resource_of(&args).unwrap_or_default();
+        self.policy.authorize_invoke(&AuthzRequest {
+            principal: &rec.principal_id,
+            tenant: &rec.tenant_id,
+            tool: &rec.tool,
+            tool_version: &rec.tool_version,
+            resource: &resource,
+            run_id: &rec.run_id,
+            arguments: &args,
+        })
+    }
+
+    /// The attempt ceiling for a dispatch that is not a fresh proposal (quorum reached, retry
+    /// timer). The run's dispatch budget counts proposals that dispatch at once: it exists to
+    /// stop an agent loop, and a human approval or a scheduled retry is not one.
+    fn budget_refusal(&self, rec: &mut EffectRecord, tool: &Tool, now: i64) -> Option<Reply> {
+        if rec.attempts >= tool.retry.max_attempts {
+            close_failed(rec, now, "attempt budget exhausted");
+            return Some((
+                Verdict::Failed,
+                Reason::AttemptsExhausted,
+                format!(
+                    "{} of {} attempts used",
+                    rec.attempts, tool.retry.max_attempts
+                ),
+            ));
+        }
+        None
+    }
+
+    /// FAILED with proof: schedule a retry when the contract, the attempt budget and the
+    /// deadline allow; otherwise the failure is final. Returns the reply owed for a final failure.
+    fn fail_with_proof(
+        &self,
+        rec: &mut EffectRecord,
+        tool: Option<&Tool>,
+        evidence: &str,
+        now: i64,
+    ) -> Option<String> {
+        let retry_at = tool.and_then(|tool| {
+            if !tool.contract.idempotent_by_key || rec.attempts >= tool.retry.max_attempts {
+                return None;
+            }
+            let at = now.saturating_add_unsigned(
+                tool.retry
+                    .backoff_ms(rec.attempts, jitter_seed(&rec.operation_key, rec.epoch)),
+            );
+            (at < rec.deadline_at).then_some(at)
+        });
+        rec.state = State::Failed {
+            evidence: evidence.to_owned(),
+            settled_at: now,
+            retry_at,
+        };
+        retry_at.is_none().then(|| {
+            format!(
+                "failed with proof, final after {} attempts: {evidence}",
+                rec.attempts
+            )
+        })
+    }
+
+    /// UNKNOWN: never FAILED. Reconcile now when the tool can be reconciled, else an operator.
+    fn become_unknown(&self, rec: &mut EffectRecord, tool: Option<&Tool>, step: &mut Step) {
+        let now = step.now;
+        match tool.filter(|t| t.contract.reconcilable && t.reconcile.max_rounds > 0) {
+            Some(tool) => {
+                self.reconcile(rec, 1, step);
+                rec.state = State::Unknown {
+                    since: now,
+                    rounds: 1,
+                    next_reconcile_at: now.saturating_add_unsigned(tool.reconcile.backoff_ms(1)),
+                };
+            }
+            None => {
+                rec.state = State::OperatorRequired {
+                    since: now,
+                    rounds: 0,
+                };
+            }
+        }
+    }
+
+    fn reconcile(&self, rec: &EffectRecord, round: u32, step: &mut Step) {
+        step.out.reconciles.push(ReconcileCommand {
+            command_id: format!("{}#{}/r{round}", rec.operation_key, rec.epoch),
+            operation_key: rec.operation_key.clone(),
+            epoch: rec.epoch,
+            tool: rec.tool.clone(),
+            connector: rec.connector.clone(),
+            idempotency_key: rec.idempotency_key.clone(),
+            arguments_hash: rec.arguments_hash.clone(),
+            round: round as i32,
+            owner_partition: 0,
+            owner_epoch: 0,
+            issued_at: step.now,
+        });
+    }
+
+    fn event(&self, kind: JournalKind, step: &Step, rec: Option<&EffectRecord>) -> JournalEvent {
+        JournalEvent {
+            partition: 0,
+            sequence: 0,
+            owner_epoch: 0,
+            task: String::new(),
+            reducer_version: REDUCER_VERSION,
+            kind,
+            cause_id: step.cause_id.clone(),
+            operation_key: rec.map(|r| r.operation_key.clone()),
+            run_id: rec.map(|r| r.run_id.clone()),
+            proposal_id: rec.map(|r| r.proposal_id.clone()),
+            principal_id: rec.map(|r| r.principal_id.clone()),
+            tenant_id: rec.map(|r| r.tenant_id.clone()),
+            tool: rec.map(|r| r.tool.clone()),
+            policy_bundle_hash: rec.map(|r| r.policy_bundle_hash.clone()),
+            lease_fence: rec.map(|r| r.lease_fence),
+            epoch: rec.map(|r| r.epoch),
+            verdict: None,
+            reason: None,
+            state: rec.map(EffectRecord::effect_state),
+            arguments_hash: rec.map(|r| r.arguments_hash.clone()),
+            evidence: None,
+            record_json: None,
+            projection_hash: None,
+            recorded_at: step.now,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reply(
+        &self,
+        decision_id: &str,
+        in_reply_to: &str,
+        rec: &EffectRecord,
+        verdict: Verdict,
+        reason: Reason,
+        detail: String,
+        now: i64,
+    ) -> Decision {
+        let receipt = match &rec.state {
+            State::Committed { receipt, .. } => Some(receipt.clone()),
+            _ => None,
+        };
+        Decision {
+            decision_id: decision_id.to_owned(),
+            in_reply_to: in_reply_to.to_owned(),
+            operation_key: rec.operation_key.clone(),
+            run_id: Some(rec.run_id.clone()),
+            verdict,
+            reason,
+            detail,
+            arguments_hash: Some(rec.arguments_hash.clone()),
+            policy_bundle_hash: Some(rec.policy_bundle_hash.clone()),
+            epoch: (rec.epoch > 0).then_some(rec.epoch),
+            state: Some(rec.effect_state()),
+            receipt,
+            owner_partition: 0,
+            owner_epoch: 0,
+            decided_at: now,
+        }
+    }
+}
+
+fn effect_write(rec: EffectRecord) -> Write {
+    Write::Effect {
+        key: rec.operation_key.clone(),
+        record: Some(Box::new(rec)),
+    }
+}
+
+fn close_failed(rec: &mut EffectRecord, now: i64, evidence: &str) {
+    rec.state = State::Failed {
+        evidence: evidence.to_owned(),
+        settled_at: now,
+        retry_at: None,
+    };
+}
+
+/// Truncates untrusted text on a character boundary.
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[truncated {} bytes]", &text[..end], text.len() - end)
+}
+
+/// The receipt of a committed effect: a digest binding key, epoch, arguments and the evidence
+/// that settled it. Frozen: receipts are quoted back to agents and auditors.
+fn receipt(rec: &EffectRecord, settled_by: &str, evidence: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"airlock/receipt/v1\0");
+    for part in [
+        rec.operation_key.as_bytes(),
+        rec.epoch.to_string().as_bytes(),
+        rec.arguments_hash.as_bytes(),
+        settled_by.as_bytes(),
+        evidence.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
+/// Deterministic jitter: the randomness of a retry backoff is a function of its key and epoch.
+fn jitter_seed(key: &str, epoch: i64) -> u64 {
+    let mut h = Sha256::new();
+    h.update(b"airlock/jitter/v1\0");
+    h.update(key.as_bytes());
+    h.update(epoch.to_be_bytes());
+    let digest = h.finalize();
+    u64::from_be_bytes(
+        digest[..8]
+            .try_into()
+            .expect("a SHA-256 digest has 32 bytes"),
+    )
+}

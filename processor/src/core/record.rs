@@ -1,0 +1,277 @@
+//! The state the core keeps, as plain data: one [`EffectRecord`] per operation key, one
+//! [`ProposalSeen`] per proposal id (producer-resend dedup), one [`RunRecord`] per agent run
+//! (lease fence and dispatch budget).
+//!
+//! Every record knows its own next timer ([`EffectRecord::next_timer`] and friends), so the timer
+//! index is a projection of the records and is rebuilt with them: a replay never reads a clock.
+//!
+//! These types are serialized (JSON, behind a version byte) into the state store, into the
+//! changelog and into `JournalEvent.record_json`. Changing their shape is a reducer version bump.
+
+use airlock_schemas::{EffectState, Reason, Verdict};
+use serde::{Deserialize, Serialize};
+
+/// Version of the record shapes and of the reducer that applies journal deltas. Bump it when a
+/// record gains or loses a field; replays refuse journals written by a newer reducer.
+pub const REDUCER_VERSION: i32 = 1;
+
+/// Everything Airlock knows about one business intent (one operation key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectRecord {
+    pub operation_key: String,
+    pub tenant_id: String,
+    /// The requester: the principal whose proposal created the intent. Never its own approver.
+    pub principal_id: String,
+    pub run_id: String,
+    /// The proposal that created the intent; approvals and settlements reply to it.
+    pub proposal_id: String,
+    pub tool: String,
+    pub tool_version: String,
+    pub connector: String,
+    /// Canonical JSON; what the connector executes, byte for byte.
+    pub arguments_json: String,
+    /// Binds key, approvals and dispatches to the exact arguments.
+    pub arguments_hash: String,
+    pub idempotency_key: String,
+    pub lease_fence: i64,
+    /// Absolute deadline of the whole intent, fixed by the first proposal.
+    pub deadline_at: i64,
+    pub created_at: i64,
+    /// Bundle under which the latest authorization was evaluated.
+    pub policy_bundle_hash: String,
+    /// Epoch of the latest dispatch; 0 before the first one. Outcomes for other epochs are stale.
+    pub epoch: i64,
+    /// Dispatches so far (the attempt ceiling counts these).
+    pub attempts: u32,
+    /// Every approval id ever counted for this key: approvals are single use.
+    pub used_approvals: Vec<String>,
+    /// Copied from the tool at creation so that purging does not depend on today's registry.
+    pub retention_ms: u64,
+    pub state: State,
+    pub updated_at: i64,
+}
+
+/// The effect state machine of DESIGN.md section 3. Terminal variants are sinks: no transition
+/// leaves them except purging after retention.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum State {
+    /// Authorized at the approval tier; waits for `quorum` distinct approvers.
+    AwaitingApproval {
+        expires_at: i64,
+        /// `(approval_id, approver_id)` counted towards the quorum in this round.
+        approvals: Vec<(String, String)>,
+    },
+    /// A dispatch intent is durable and the command left; no attempt has been reported yet.
+    Dispatched {
+        /// The command's capability expires here; no connector may start it later.
+        attempt_deadline_at: i64,
+        /// `attempt_deadline_at` plus the outcome grace: without an outcome by then, UNKNOWN.
+        timeout_at: i64,
+    },
+    /// A connector recorded AttemptStarted for the current epoch.
+    InFlight {
+        attempt_deadline_at: i64,
+        timeout_at: i64,
+        started_at: i64,
+    },
+    /// Nobody can prove what happened. Held, never guessed FAILED; reconciled by rounds.
+    Unknown {
+        since: i64,
+        /// Reconcile rounds sent so far.
+        rounds: u32,
+        next_reconcile_at: i64,
+    },
+    /// The reconciliation budget is spent (or the tool is not reconcilable): an operator settles.
+    OperatorRequired { since: i64, rounds: u32 },
+    /// Proof that the latest attempt did not happen. `retry_at` is set while the retry policy
+    /// still allows another epoch; without it the failure is final.
+    Failed {
+        evidence: String,
+        settled_at: i64,
+        retry_at: Option<i64>,
+    },
+    /// Terminal: proof of exactly one effect.
+    Committed {
+        receipt: String,
+        evidence: String,
+        settled_at: i64,
+    },
+    /// Terminal: the approval request or the deadline lapsed before anything was dispatched.
+    Expired { at: i64 },
+    /// Terminal: an approver rejected, or authorization re-evaluated at approval time denied.
+    Denied { at: i64, by: String },
+    /// Terminal: an operator cancelled before dispatch.
+    Cancelled { at: i64, by: String },
+}
+
+/// What fires when a record's timer is due; derived from the state, never stored on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimerKind {
+    ApprovalExpiry,
+    AttemptTimeout,
+    Reconcile,
+    Retry,
+    Purge,
+}
+
+impl EffectRecord {
+    /// The single timer this record waits for, if any.
+    pub fn next_timer(&self) -> Option<(i64, TimerKind)> {
+        match &self.state {
+            State::AwaitingApproval { expires_at, .. } => Some((
+                (*expires_at).min(self.deadline_at),
+                TimerKind::ApprovalExpiry,
+            )),
+            State::Dispatched { timeout_at, .. } | State::InFlight { timeout_at, .. } => {
+                Some((*timeout_at, TimerKind::AttemptTimeout))
+            }
+            State::Unknown {
+                next_reconcile_at, ..
+            } => Some((*next_reconcile_at, TimerKind::Reconcile)),
+            State::OperatorRequired { .. } => None,
+            State::Failed {
+                retry_at: Some(at), ..
+            } => Some((*at, TimerKind::Retry)),
+            State::Failed {
+                settled_at,
+                retry_at: None,
+                ..
+            }
+            | State::Committed { settled_at, .. } => Some((
+                settled_at.saturating_add_unsigned(self.retention_ms),
+                TimerKind::Purge,
+            )),
+            State::Expired { at } | State::Denied { at, .. } | State::Cancelled { at, .. } => {
+                Some((
+                    at.saturating_add_unsigned(self.retention_ms),
+                    TimerKind::Purge,
+                ))
+            }
+        }
+    }
+
+    /// The Avro-facing name of the state.
+    pub fn effect_state(&self) -> EffectState {
+        self.state.effect_state()
+    }
+
+    /// True once nothing but purging can change the record.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.state,
+            State::Committed { .. }
+                | State::Failed { retry_at: None, .. }
+                | State::Expired { .. }
+                | State::Denied { .. }
+                | State::Cancelled { .. }
+        )
+    }
+}
+
+impl State {
+    pub fn effect_state(&self) -> EffectState {
+        match self {
+            State::AwaitingApproval { .. } => EffectState::AwaitingApproval,
+            State::Dispatched { .. } => EffectState::Dispatched,
+            State::InFlight { .. } => EffectState::InFlight,
+            State::Unknown { .. } => EffectState::Unknown,
+            State::OperatorRequired { .. } => EffectState::OperatorRequired,
+            State::Failed { .. } => EffectState::Failed,
+            State::Committed { .. } => EffectState::Committed,
+            State::Expired { .. } => EffectState::Expired,
+            State::Denied { .. } => EffectState::Denied,
+            State::Cancelled { .. } => EffectState::Cancelled,
+        }
+    }
+}
+
+/// The reply a proposal id already received, so a producer-side resend gets the same answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProposalSeen {
+    pub operation_key: String,
+    pub decision_id: String,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub detail: String,
+    pub arguments_hash: Option<String>,
+    pub policy_bundle_hash: Option<String>,
+    pub decided_at: i64,
+    /// Purged then: resends older than the dedup retention are decided afresh (and meet the
+    /// effect record, which is retained longer).
+    pub expires_at: i64,
+}
+
+/// Per agent run, per partition: the lease fence and the dispatch budget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Highest accepted lease fence; proposals below it are STALE_FENCE.
+    pub highest_fence: i64,
+    /// Dispatches this run caused on this partition (bounded by `max_dispatches_per_run`).
+    pub dispatches: u32,
+    pub updated_at: i64,
+    /// Purged after this much inactivity.
+    pub expires_at: i64,
+}
+
+/// Which record a timer belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerTarget {
+    Effect(String),
+    Proposal(String),
+    Run(String),
+}
+
+/// A timer that came due; fed back to the core as an input. `due_at` is also its `now`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TimerFired {
+    pub due_at: i64,
+    pub target: TimerTarget,
+}
+
+/// One state change. The journal carries these (as `record_json`) so the projection can be
+/// rebuilt from the journal alone; `None` deletes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Write {
+    Effect {
+        key: String,
+        record: Option<Box<EffectRecord>>,
+    },
+    Proposal {
+        id: String,
+        seen: Option<ProposalSeen>,
+    },
+    Run {
+        run_id: String,
+        run: Option<RunRecord>,
+    },
+}
+
+impl Write {
+    /// The timer the written value waits for (none for a delete).
+    pub fn timer(&self) -> Option<TimerFired> {
+        match self {
+            Write::Effect {
+                key,
+                record: Some(r),
+            } => r.next_timer().map(|(due_at, _)| TimerFired {
+                due_at,
+                target: TimerTarget::Effect(key.clone()),
+            }),
+            Write::Proposal { id, seen: Some(s) } => Some(TimerFired {
+                due_at: s.expires_at,
+                target: TimerTarget::Proposal(id.clone()),
+            }),
+            Write::Run {
+                run_id,
+                run: Some(r),
+            } => Some(TimerFired {
+                due_at: r.expires_at,
+                target: TimerTarget::Run(run_id.clone()),
+            }),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The reference configuration (`deploy/config`: tools, Cedar policies, principals) and
+//! builders of realistic inputs against it. Used by the tests, the deterministic simulation, the
+//! benchmarks and the demo fleet, so they all exercise the configuration users start from.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use airlock_schemas::{
+    Approval, ApprovalVerdict, Control, ControlKind, Outcome, OutcomeKind, ToolProposal,
+};
+use anyhow::Context;
+
+use crate::core::{self, Core, TaskContext, policy::Policy, registry::Registry};
+use crate::store::{MemoryBackend, MemoryStore, StateStore};
+use crate::task::Task;
+
+/// An hour in milliseconds: the default intent deadline of sample proposals.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// `deploy/config` of this checkout, or `$AIRLOCK_CONFIG_DIR`.
+pub fn config_dir() -> PathBuf {
+    std::env::var_os("AIRLOCK_CONFIG_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/config"),
+        PathBuf::from,
+    )
+}
+
+/// The reference registry and policy bundle, under `config`.
+pub fn reference_core(config: core::Config) -> anyhow::Result<Core> {
+    let dir = config_dir();
+    let registry = Registry::load(&dir.join("tools.toml")).context("loading tools.toml")?;
+    let policy = Policy::load(&dir.join("policies.cedar"), &dir.join("entities.json"))
+        .context("loading the policy bundle")?;
+    Ok(Core::new(registry, policy, config))
+}
+
+/// A task over an in-memory store on partition 0, owner epoch 1.
+pub fn memory_task(core: Arc<Core>) -> anyhow::Result<Task<MemoryStore>> {
+    let store = StateStore::open(MemoryBackend::default())?;
+    Ok(Task::new(core, store, task_context(0))?)
+}
+
+pub fn task_context(partition: i32) -> TaskContext {
+    TaskContext {
+        partition,
+        owner_epoch: 1,
+        task: format!("sample/{partition}"),
+    }
+}
+
+/// Money-movement arguments in the reference schema.
+pub fn money_arguments(tenant: &str, account: &str, minor_units: i64, currency: &str) -> String {
+    serde_json::json!({
+        "tenant_id": tenant,
+        "account_id": account,
+        "amount": { "minor_units": minor_units, "currency": currency },
+    })
+    .to_string()
+}
+
+/// A refund of `minor_units` EUR by `agent-support-1` of tenant `acme`, deadline an hour after
+/// `now`. Fields are public: adjust what a scenario needs.
+pub fn refund(operation_key: &str, minor_units: i64, now: i64) -> ToolProposal {
+    ToolProposal {
+        proposal_id: format!("prop-{operation_key}-{minor_units}"),
+        operation_key: operation_key.to_owned(),
+        run_id: "run-1".to_owned(),
+        logical_call_id: "step-1".to_owned(),
+        provider_call_id: None,
+        tenant_id: "acme".to_owned(),
+        principal_id: "agent-support-1".to_owned(),
+        tool: "refund".to_owned(),
+        tool_version: "1".to_owned(),
+        arguments_json: money_arguments("acme", "acct-42", minor_units, "EUR"),
+        arguments_hash: None,
+        lease_owner: "worker-a".to_owned(),
+        lease_fence: 1,
+        deadline_at: now + HOUR_MS,
+        proposed_at: now,
+    }
+}
+
+/// The same proposal resent by the agent under a new proposal id (a blind retry).
+pub fn resend(p: &ToolProposal, attempt: u32) -> ToolProposal {
+    ToolProposal {
+        proposal_id: format!("{}-retry{attempt}", p.proposal_id),
+        ..p.clone()
+    }
+}
+
+pub fn approval(
+    p: &ToolProposal,
+    arguments_hash: &str,
+    approver: &str,
+    verdict: ApprovalVerdict,
+    now: i64,
+) -> Approval {
+    Approval {
+        approval_id: format!("appr-{}-{approver}", p.operation_key),
+        operation_key: p.operation_key.clone(),
+        arguments_hash: arguments_hash.to_owned(),
+        approver_id: approver.to_owned(),
+        tenant_id: p.tenant_id.clone(),
+        verdict,
+        expires_at: now + HOUR_MS,
+        decided_at: now,
+        comment: None,
+    }
+}
+
+pub fn outcome(key: &str, epoch: i64, kind: OutcomeKind, evidence: &str) -> Outcome {
+    Outcome {
+        outcome_id: format!("out-{key}-{epoch}-{}", kind.as_str()),
+        operation_key: key.to_owned(),
+        epoch,
+        kind,
+        connector: "ledger".to_owned(),
+        worker_id: "ledger-worker-1".to_owned(),
+        evidence: Some(evidence.to_owned()),
+        provider_reference: None,
+        reconcile_round: None,
+        observed_at: 0,
+    }
+}
+
+pub fn control(id: &str, kind: ControlKind, key: Option<&str>, now: i64) -> Control {
+    Control {
+        control_id: id.to_owned(),
+        kind,
+        operation_key: key.map(str::to_owned),
+        run_id: None,
+        lease_fence: None,
+        operator_id: "operator-olga".to_owned(),
+        evidence: Some("checked the ledger by hand".to_owned()),
+        issued_at: now,
+    }
+}

@@ -1,0 +1,36 @@
+//! An in-memory [`Backend`]: a sorted map. Used by tests and the deterministic simulation; a
+//! clone is a snapshot of the committed state (what survives a crash).
+
+use std::collections::BTreeMap;
+
+use super::{Backend, Result};
+
+#[derive(Clone, Debug, Default)]
+pub struct MemoryBackend {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Backend for MemoryBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.map.get(key).cloned())
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        Ok(self
+            .map
+            .range(start.to_vec()..end.to_vec())
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+        for (k, v) in batch {
+            match v {
+                Some(v) => self.map.insert(k, v),
+                None => self.map.remove(&k),
+            };
+        }
+        Ok(())
+    }
+}

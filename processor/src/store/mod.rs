@@ -1,0 +1,300 @@
+//! The state store: typed tables over a byte-level [`Backend`], with the timer index and the
+//! projection hash maintained on every write, and a staging overlay so that a whole batch of
+//! inputs lands in one atomic write (DESIGN.md section 6).
+//!
+//! # Layout
+//! - [`keys`]: table prefixes and order-preserving key encodings.
+//! - [`codec`]: the value format (a version byte, then the record).
+//! - [`memory`]: an in-memory backend (tests, simulation).
+//! - [`rocks`]: the RocksDB backend (production).
+//!
+//! Both backends run through the same typed layer, [`StateStore`], and the same tests.
+
+pub mod codec;
+pub mod keys;
+pub mod memory;
+pub mod rocks;
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::core::{self, EffectRecord, ProposalSeen, RunRecord, StateView, TimerFired, Write};
+use keys::Table;
+
+pub use memory::MemoryBackend;
+pub use rocks::RocksBackend;
+
+/// Errors of the store. Each names what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("rocksdb at {path}: {source}")]
+    Rocks {
+        path: String,
+        #[source]
+        source: rocksdb::Error,
+    },
+    #[error("value under table {table:?} key {key:?} is corrupt: {detail}")]
+    Corrupt {
+        table: Table,
+        key: String,
+        detail: String,
+    },
+    #[error("value under table {table:?} has format version {found}; this build reads {expected}")]
+    Version {
+        table: Table,
+        found: u8,
+        expected: u8,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Byte-level storage: committed reads and one atomic write of a whole batch.
+pub trait Backend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Up to `limit` committed entries with `start <= key < end`, in key order.
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Applies every put (`Some`) and delete (`None`) atomically and durably.
+    fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()>;
+}
+
+/// What the runtime needs from a store, whatever the backend.
+pub trait Store: StateView {
+    /// Stages state writes; later reads in the batch see them.
+    fn apply(&mut self, writes: &[Write]) -> Result<()>;
+    /// Stages a raw entry outside the projected tables (offsets, outbox, meta).
+    fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>);
+    fn get_raw(&self, table: Table, id: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Makes everything staged durable in one atomic write.
+    fn commit(&mut self) -> Result<()>;
+    /// Drops everything staged since the last commit (a crash, in tests).
+    fn discard(&mut self);
+    /// Timers due at or before `now`, earliest first.
+    fn due_timers(&self, now: i64, limit: usize) -> Result<Vec<TimerFired>>;
+    /// The order-independent hash of every projected record, hex.
+    fn projection_hash(&self) -> String;
+}
+
+const META_PROJECTION: &[u8] = b"projection_hash";
+
+/// Typed tables, timers and projection hash over any [`Backend`].
+#[derive(Debug)]
+pub struct StateStore<B> {
+    backend: B,
+    /// Writes of the current batch, not yet committed: `None` deletes.
+    staged: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// XOR of SHA-256(table, key, value) over the effect, proposal and run tables.
+    projection: [u8; 32],
+    committed_projection: [u8; 32],
+}
+
+pub type MemoryStore = StateStore<MemoryBackend>;
+pub type RocksStore = StateStore<RocksBackend>;
+
+impl<B: Backend> StateStore<B> {
+    pub fn open(backend: B) -> Result<Self> {
+        let projection = match backend.get(&Table::Meta.key(META_PROJECTION))? {
+            Some(bytes) => bytes.as_slice().try_into().map_err(|_| Error::Corrupt {
+                table: Table::Meta,
+                key: "projection_hash".to_owned(),
+                detail: format!("{} bytes, expected 32", bytes.len()),
+            })?,
+            None => [0; 32],
+        };
+        Ok(StateStore {
+            backend,
+            staged: BTreeMap::new(),
+            projection,
+            committed_projection: projection,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    fn read(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.staged.get(key) {
+            Some(staged) => Ok(staged.clone()),
+            None => self.backend.get(key),
+        }
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(&self, table: Table, id: &str) -> Result<Option<T>> {
+        self.read(&table.key(id.as_bytes()))?
+            .map(|bytes| codec::decode(table, id, &bytes))
+            .transpose()
+    }
+
+    /// Stages one projected row, keeping its timer and the projection hash in step.
+    fn put_projected(
+        &mut self,
+        table: Table,
+        id: &str,
+        new: Option<Vec<u8>>,
+        old_timer: Option<TimerFired>,
+        new_timer: Option<TimerFired>,
+    ) -> Result<()> {
+        let key = table.key(id.as_bytes());
+        if let Some(old) = self.read(&key)? {
+            xor(&mut self.projection, &row_digest(&key, &old));
+        }
+        if let Some(new) = &new {
+            xor(&mut self.projection, &row_digest(&key, new));
+        }
+        if old_timer != new_timer {
+            if let Some(t) = old_timer {
+                self.staged.insert(keys::timer_key(&t), None);
+            }
+            if let Some(t) = new_timer {
+                self.staged.insert(keys::timer_key(&t), Some(Vec::new()));
+            }
+        }
+        self.staged.insert(key, new);
+        Ok(())
+    }
+}
+
+impl<B: Backend> StateView for StateStore<B> {
+    fn effect(&self, key: &str) -> core::Result<Option<EffectRecord>> {
+        self.typed(Table::Effect, key).map_err(into_core)
+    }
+
+    fn proposal(&self, id: &str) -> core::Result<Option<ProposalSeen>> {
+        self.typed(Table::Proposal, id).map_err(into_core)
+    }
+
+    fn run(&self, run_id: &str) -> core::Result<Option<RunRecord>> {
+        self.typed(Table::Run, run_id).map_err(into_core)
+    }
+}
+
+impl<B: Backend> Store for StateStore<B> {
+    fn apply(&mut self, writes: &[Write]) -> Result<()> {
+        for write in writes {
+            let new_timer = write.timer();
+            match write {
+                Write::Effect { key, record } => {
+                    let old: Option<EffectRecord> = self.typed(Table::Effect, key)?;
+                    let old_timer = old.map(|r| Write::Effect {
+                        key: key.clone(),
+                        record: Some(Box::new(r)),
+                    });
+                    let value = record.as_deref().map(codec::encode);
+                    self.put_projected(
+                        Table::Effect,
+                        key,
+                        value,
+                        old_timer.and_then(|w| w.timer()),
+                        new_timer,
+                    )?;
+                }
+                Write::Proposal { id, seen } => {
+                    let old: Option<ProposalSeen> = self.typed(Table::Proposal, id)?;
+                    let old_timer = old
+                        .map(|s| Write::Proposal {
+                            id: id.clone(),
+                            seen: Some(s),
+                        })
+                        .and_then(|w| w.timer());
+                    let value = seen.as_ref().map(codec::encode);
+                    self.put_projected(Table::Proposal, id, value, old_timer, new_timer)?;
+                }
+                Write::Run { run_id, run } => {
+                    let old: Option<RunRecord> = self.typed(Table::Run, run_id)?;
+                    let old_timer = old
+                        .map(|r| Write::Run {
+                            run_id: run_id.clone(),
+                            run: Some(r),
+                        })
+                        .and_then(|w| w.timer());
+                    let value = run.as_ref().map(codec::encode);
+                    self.put_projected(Table::Run, run_id, value, old_timer, new_timer)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>) {
+        self.staged.insert(table.key(id), value);
+    }
+
+    fn get_raw(&self, table: Table, id: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(&table.key(id))
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        if self.projection != self.committed_projection {
+            self.staged.insert(
+                Table::Meta.key(META_PROJECTION),
+                Some(self.projection.to_vec()),
+            );
+        }
+        let batch = std::mem::take(&mut self.staged).into_iter().collect();
+        self.backend.write_batch(batch)?;
+        self.committed_projection = self.projection;
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        self.staged.clear();
+        self.projection = self.committed_projection;
+    }
+
+    fn due_timers(&self, now: i64, limit: usize) -> Result<Vec<TimerFired>> {
+        let (start, _) = Table::Timer.range();
+        let end = keys::timer_bound(now);
+        // Committed timers, then the overlay's view of the same range merged over them.
+        let mut merged: BTreeMap<Vec<u8>, bool> = self
+            .backend
+            .scan(&start, &end, limit.saturating_add(self.staged.len()))?
+            .into_iter()
+            .map(|(k, _)| (k, true))
+            .collect();
+        for (k, v) in self.staged.range(start..end) {
+            merged.insert(k.clone(), v.is_some());
+        }
+        Ok(merged
+            .into_iter()
+            .filter(|(_, live)| *live)
+            .filter_map(|(k, _)| keys::decode_timer_key(&k))
+            .take(limit)
+            .collect())
+    }
+
+    fn projection_hash(&self) -> String {
+        hex::encode(self.projection)
+    }
+}
+
+fn into_core(e: Error) -> core::Error {
+    core::Error::State(Box::new(e))
+}
+
+fn row_digest(key: &[u8], value: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(value);
+    h.finalize().into()
+}
+
+fn xor(acc: &mut [u8; 32], digest: &[u8; 32]) {
+    for (a, d) in acc.iter_mut().zip(digest) {
+        *a ^= d;
+    }
+}
+
+/// Rebuilds a projection from writes alone, in memory: what a replay computes.
+pub fn projection_of<'a>(writes: impl IntoIterator<Item = &'a Write>) -> Result<String> {
+    let mut store = StateStore::open(MemoryBackend::default())?;
+    for w in writes {
+        store.apply(std::slice::from_ref(w))?;
+    }
+    Ok(store.projection_hash())
+}

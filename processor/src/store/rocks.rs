@@ -1,0 +1,96 @@
+//! The RocksDB [`Backend`]: one database per task directory, one `WriteBatch` per commit.
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+
+use super::{Backend, Error, Result};
+
+/// Settings of the RocksDB backend.
+#[derive(Clone, Debug)]
+pub struct RocksOptions {
+    /// fsync the write-ahead log on every commit: survives power loss, not only process crashes.
+    /// The outbox is produced only after a commit, so this is what "durable" means.
+    pub sync: bool,
+}
+
+impl Default for RocksOptions {
+    fn default() -> Self {
+        RocksOptions { sync: true }
+    }
+}
+
+pub struct RocksBackend {
+    db: DB,
+    path: PathBuf,
+    write_options: WriteOptions,
+}
+
+impl std::fmt::Debug for RocksBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksBackend")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RocksBackend {
+    pub fn open(path: &Path, options: &RocksOptions) -> Result<Self> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.increase_parallelism(2);
+        let db = DB::open(&opts, path).map_err(|source| Error::Rocks {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut write_options = WriteOptions::default();
+        write_options.set_sync(options.sync);
+        Ok(RocksBackend {
+            db,
+            path: path.to_owned(),
+            write_options,
+        })
+    }
+
+    fn err(&self, source: rocksdb::Error) -> Error {
+        Error::Rocks {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+}
+
+impl Backend for RocksBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db.get(key).map_err(|e| self.err(e))
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(end.to_vec());
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_opt(IteratorMode::From(start, Direction::Forward), read)
+            .take(limit)
+        {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        for (k, v) in batch {
+            match v {
+                Some(v) => wb.put(k, v),
+                None => wb.delete(k),
+            }
+        }
+        self.db
+            .write_opt(wb, &self.write_options)
+            .map_err(|e| self.err(e))
+    }
+}

@@ -1,0 +1,199 @@
+//! One processor task's logic without Kafka: decide each input with the core, stamp the outputs
+//! with the task's partition and owner epoch, stage the state writes and the journal sequence in
+//! the store, fire due timers through the same path, and commit a whole batch at once.
+//!
+//! The Kafka runtime drives a `Task` per partition; tests, the simulation and the benchmark
+//! drive it directly.
+
+use std::sync::Arc;
+
+use airlock_schemas::{JournalEvent, JournalKind};
+
+use crate::core::{self, Core, Effects, Input, TaskContext};
+use crate::store::{self, Store, keys::Table};
+
+/// Errors of a task: the core or the store failed. Input never causes one.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("partition {partition}: {source}")]
+    Core {
+        partition: i32,
+        #[source]
+        source: core::Error,
+    },
+    #[error("partition {partition}: {source}")]
+    Store {
+        partition: i32,
+        #[source]
+        source: store::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+const META_SEQUENCE: &[u8] = b"journal_sequence";
+
+/// A partition's decision loop over a store.
+#[derive(Debug)]
+pub struct Task<S> {
+    core: Arc<Core>,
+    store: S,
+    ctx: TaskContext,
+    /// Sequence number of the next journal event of this partition (persisted with the batch).
+    next_sequence: i64,
+}
+
+impl<S: Store> Task<S> {
+    pub fn new(core: Arc<Core>, store: S, ctx: TaskContext) -> Result<Self> {
+        let next_sequence = load_sequence(&store, ctx.partition)?;
+        Ok(Task {
+            core,
+            store,
+            ctx,
+            next_sequence,
+        })
+    }
+
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    pub fn context(&self) -> &TaskContext {
+        &self.ctx
+    }
+
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    /// Decides one input at `now` and stages its writes; nothing is durable until [`commit`].
+    ///
+    /// [`commit`]: Task::commit
+    pub fn handle(&mut self, input: &Input, now: i64) -> Result<Effects> {
+        let partition = self.ctx.partition;
+        let mut effects = self
+            .core
+            .handle(&self.store, input, now)
+            .map_err(|source| Error::Core { partition, source })?;
+        self.stage(&mut effects)?;
+        Ok(effects)
+    }
+
+    /// Fires every timer due by `now`, earliest first, each at its own due time, at most
+    /// `limit` of them (the rest fire on the next call: bounded work per batch).
+    pub fn fire_timers(&mut self, now: i64, limit: usize) -> Result<Vec<Effects>> {
+        let partition = self.ctx.partition;
+        let due = self
+            .store
+            .due_timers(now, limit)
+            .map_err(|source| Error::Store { partition, source })?;
+        let mut out = Vec::with_capacity(due.len());
+        for timer in due {
+            let at = timer.due_at;
+            let effects = self.handle(&Input::Timer(timer), at)?;
+            if !effects.is_empty() {
+                out.push(effects);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A CHECKPOINT journal event carrying the projection hash after everything staged so far.
+    pub fn checkpoint(&mut self, now: i64) -> Result<JournalEvent> {
+        let mut event = JournalEvent {
+            partition: self.ctx.partition,
+            sequence: 0,
+            owner_epoch: self.ctx.owner_epoch,
+            task: self.ctx.task.clone(),
+            reducer_version: core::record::REDUCER_VERSION,
+            kind: JournalKind::Checkpoint,
+            cause_id: format!("checkpoint:{now}"),
+            operation_key: None,
+            run_id: None,
+            proposal_id: None,
+            principal_id: None,
+            tenant_id: None,
+            tool: None,
+            policy_bundle_hash: Some(self.core.policy().bundle_hash().to_owned()),
+            lease_fence: None,
+            epoch: None,
+            verdict: None,
+            reason: None,
+            state: None,
+            arguments_hash: None,
+            evidence: None,
+            record_json: None,
+            projection_hash: Some(self.store.projection_hash()),
+            recorded_at: now,
+        };
+        let mut effects = Effects {
+            journal: vec![event.clone()],
+            ..Effects::default()
+        };
+        self.stage(&mut effects)?;
+        event.sequence = effects.journal[0].sequence;
+        Ok(event)
+    }
+
+    /// Makes the batch durable: state, timers, projection hash and journal sequence together.
+    pub fn commit(&mut self) -> Result<()> {
+        let partition = self.ctx.partition;
+        self.store
+            .commit()
+            .map_err(|source| Error::Store { partition, source })
+    }
+
+    /// Forgets the uncommitted batch, as a crash would.
+    pub fn discard(&mut self) -> Result<()> {
+        self.store.discard();
+        self.next_sequence = load_sequence(&self.store, self.ctx.partition)?;
+        Ok(())
+    }
+
+    fn stage(&mut self, effects: &mut Effects) -> Result<()> {
+        let partition = self.ctx.partition;
+        let before = self.next_sequence;
+        effects.stamp(&self.ctx, &mut self.next_sequence);
+        self.store
+            .apply(&effects.writes)
+            .map_err(|source| Error::Store { partition, source })?;
+        if self.next_sequence != before {
+            self.store.stage_raw(
+                Table::Meta,
+                META_SEQUENCE,
+                Some(self.next_sequence.to_be_bytes().to_vec()),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn load_sequence(store: &impl Store, partition: i32) -> Result<i64> {
+    let corrupt = |detail: String| Error::Store {
+        partition,
+        source: store::Error::Corrupt {
+            table: Table::Meta,
+            key: "journal_sequence".to_owned(),
+            detail,
+        },
+    };
+    match store
+        .get_raw(Table::Meta, META_SEQUENCE)
+        .map_err(|source| Error::Store { partition, source })?
+    {
+        Some(bytes) => {
+            Ok(i64::from_be_bytes(bytes.as_slice().try_into().map_err(
+                |_| corrupt(format!("{} bytes, expected 8", bytes.len())),
+            )?))
+        }
+        None => Ok(0),
+    }
+}
