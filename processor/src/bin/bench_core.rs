@@ -6,6 +6,7 @@
 //!
 //! Phases, all in one run so the ratios compare like with like:
 //! - `baseline`: Avro decode of the proposal and encode of one output record, nothing else;
+//! - `fresh-mem`: new operation keys over the in-memory store (isolates the core from RocksDB);
 //! - `fresh`: new operation keys (every proposal dispatches);
 //! - `resend`: the same proposal ids again (producer-side resends, answered from dedup state);
 //! - `retry`: new proposal ids for keys already in flight (full validation, IN_PROGRESS).
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use airlock_processor::core::{self, Input};
 use airlock_processor::sample;
 use airlock_processor::store::rocks::RocksOptions;
-use airlock_processor::store::{RocksBackend, StateStore};
+use airlock_processor::store::{RocksBackend, StateStore, Store};
 use airlock_processor::task::Task;
 use airlock_schemas::ToolProposal;
 use airlock_schemas::codec::Codec;
@@ -105,7 +106,12 @@ fn main() -> anyhow::Result<()> {
     let core = Arc::new(sample::reference_core(core::Config::default())?);
     let dir = tempfile::tempdir().context("temporary directory for RocksDB")?;
     let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
-    let mut task = Task::new(core, StateStore::open(backend)?, sample::task_context(0))?;
+    let mut task = Task::new(
+        core.clone(),
+        StateStore::open(backend)?,
+        sample::task_context(0),
+    )?;
+    let mut memory_task = sample::memory_task(core)?;
 
     let proposals: Vec<ToolProposal> = (0..args.proposals)
         .map(|i| {
@@ -148,11 +154,17 @@ fn main() -> anyhow::Result<()> {
     }
     baseline.elapsed = started.elapsed();
 
-    let mut run = |name: &'static str, payloads: &[Vec<u8>]| -> anyhow::Result<Phase> {
+    fn run<S: Store>(
+        task: &mut Task<S>,
+        codec: &Codec,
+        batch: usize,
+        name: &'static str,
+        payloads: &[Vec<u8>],
+    ) -> anyhow::Result<Phase> {
         let mut phase = Phase::new(name);
         let started = Instant::now();
         let mut outputs = 0usize;
-        for chunk in payloads.chunks(args.batch) {
+        for chunk in payloads.chunks(batch) {
             for bytes in chunk {
                 let t = Instant::now();
                 let p: ToolProposal = codec.decode_single_object(bytes)?;
@@ -177,20 +189,68 @@ fn main() -> anyhow::Result<()> {
         phase.elapsed = started.elapsed();
         std::hint::black_box(outputs);
         Ok(phase)
-    };
-    let fresh_phase = run("fresh", &fresh)?;
-    let resend_phase = run("resend", &fresh)?;
-    let retry_phase = run("retry", &retries)?;
+    }
+    let fresh_memory = run(&mut memory_task, &codec, args.batch, "fresh-mem", &fresh)?;
+    let fresh_phase = run(&mut task, &codec, args.batch, "fresh", &fresh)?;
+    let resend_phase = run(&mut task, &codec, args.batch, "resend", &fresh)?;
+    let retry_phase = run(&mut task, &codec, args.batch, "retry", &retries)?;
 
     baseline.report(None);
-    for phase in [&fresh_phase, &resend_phase, &retry_phase] {
+    for phase in [&fresh_memory, &fresh_phase, &resend_phase, &retry_phase] {
         phase.report(Some(&baseline));
     }
+    components(&task, &proposals)?;
     println!(
         "targets: fresh >= 50000/s: {}; duplicates (resend) >= 200000/s: {}",
         verdict(fresh_phase.rate() >= 50_000.0),
         verdict(resend_phase.rate() >= 200_000.0)
     );
+    Ok(())
+}
+
+/// Where a fresh decision's time goes: the pure steps of the validation order, one at a time,
+/// on the same proposals, so a regression points at its step.
+fn components<S: Store>(task: &Task<S>, proposals: &[ToolProposal]) -> anyhow::Result<()> {
+    use airlock_processor::core::canonical;
+    use airlock_processor::core::policy::AuthzRequest;
+
+    let core = task.core();
+    let tool = core
+        .registry()
+        .lookup("refund", "1")
+        .map_err(|e| anyhow::anyhow!("the reference registry has refund v1: {e:?}"))?;
+    let canon: Vec<_> = proposals
+        .iter()
+        .map(|p| canonical::canonicalize(&p.arguments_json))
+        .collect::<Result<_, _>>()?;
+    let time = |name: &str, f: &mut dyn FnMut(usize)| {
+        let started = Instant::now();
+        for i in 0..proposals.len() {
+            f(i);
+        }
+        let per = started.elapsed().as_secs_f64() * 1e6 / proposals.len() as f64;
+        println!("  component {name:<28} {per:>7.2} µs");
+    };
+    println!("per fresh decision, by step:");
+    time("canonical JSON + SHA-256", &mut |i| {
+        std::hint::black_box(canonical::canonicalize(&proposals[i].arguments_json).ok());
+    });
+    time("JSON Schema + invariants", &mut |i| {
+        std::hint::black_box(tool.validate_arguments(&canon[i].value).is_ok());
+        std::hint::black_box(tool.check_invariants(&canon[i].value).is_ok());
+    });
+    time("Cedar authorize_invoke", &mut |i| {
+        let p = &proposals[i];
+        std::hint::black_box(core.policy().authorize_invoke(&AuthzRequest {
+            principal: &p.principal_id,
+            tenant: &p.tenant_id,
+            tool: &p.tool,
+            tool_version: &p.tool_version,
+            resource: "acct-42",
+            run_id: &p.run_id,
+            arguments: &canon[i].value,
+        }));
+    });
     Ok(())
 }
 

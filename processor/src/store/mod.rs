@@ -15,7 +15,8 @@ pub mod keys;
 pub mod memory;
 pub mod rocks;
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 
 use sha2::{Digest, Sha256};
 
@@ -84,6 +85,10 @@ pub struct StateStore<B> {
     backend: B,
     /// Writes of the current batch, not yet committed: `None` deletes.
     staged: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Committed values read during the current batch: the core reads a key and the
+    /// write that follows reads it again (for the projection hash and the old timer).
+    /// Bounded by the batch; dropped at every commit and discard.
+    read_cache: RefCell<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     /// XOR of SHA-256(table, key, value) over the effect, proposal and run tables.
     projection: [u8; 32],
     committed_projection: [u8; 32],
@@ -105,6 +110,7 @@ impl<B: Backend> StateStore<B> {
         Ok(StateStore {
             backend,
             staged: BTreeMap::new(),
+            read_cache: RefCell::new(HashMap::new()),
             projection,
             committed_projection: projection,
         })
@@ -115,10 +121,17 @@ impl<B: Backend> StateStore<B> {
     }
 
     fn read(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.staged.get(key) {
-            Some(staged) => Ok(staged.clone()),
-            None => self.backend.get(key),
+        if let Some(staged) = self.staged.get(key) {
+            return Ok(staged.clone());
         }
+        if let Some(cached) = self.read_cache.borrow().get(key) {
+            return Ok(cached.clone());
+        }
+        let value = self.backend.get(key)?;
+        self.read_cache
+            .borrow_mut()
+            .insert(key.to_vec(), value.clone());
+        Ok(value)
     }
 
     fn typed<T: serde::de::DeserializeOwned>(&self, table: Table, id: &str) -> Result<Option<T>> {
@@ -236,6 +249,7 @@ impl<B: Backend> Store for StateStore<B> {
             );
         }
         let batch = std::mem::take(&mut self.staged).into_iter().collect();
+        self.read_cache.get_mut().clear();
         self.backend.write_batch(batch)?;
         self.committed_projection = self.projection;
         Ok(())
@@ -243,6 +257,7 @@ impl<B: Backend> Store for StateStore<B> {
 
     fn discard(&mut self) {
         self.staged.clear();
+        self.read_cache.get_mut().clear();
         self.projection = self.committed_projection;
     }
 
