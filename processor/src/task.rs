@@ -21,6 +21,12 @@ pub enum Error {
         #[source]
         source: core::Error,
     },
+    #[error("partition {partition}: replaying the journal: {source}")]
+    Replay {
+        partition: i32,
+        #[source]
+        source: core::reducer::Error,
+    },
     #[error("partition {partition}: {source}")]
     Store {
         partition: i32,
@@ -52,6 +58,36 @@ impl<S: Store> Task<S> {
             ctx,
             next_sequence,
         })
+    }
+
+    /// Rebuilds a task's state from its partition's journal alone (DESIGN.md section 8: state is
+    /// a projection of the journal): applies every event's writes in order into `store`,
+    /// continues the journal sequence after the last event, and commits.
+    pub fn rebuild_from_journal<'a>(
+        core: Arc<Core>,
+        mut store: S,
+        ctx: TaskContext,
+        journal: impl IntoIterator<Item = &'a JournalEvent>,
+    ) -> Result<Self> {
+        let partition = ctx.partition;
+        let mut next_sequence = 0;
+        for event in journal {
+            let writes = core::reducer::writes_of(event)
+                .map_err(|source| Error::Replay { partition, source })?;
+            store
+                .apply(&writes)
+                .map_err(|source| Error::Store { partition, source })?;
+            next_sequence = event.sequence + 1;
+        }
+        store.stage_raw(
+            Table::Meta,
+            META_SEQUENCE,
+            Some(next_sequence.to_be_bytes().to_vec()),
+        );
+        store
+            .commit()
+            .map_err(|source| Error::Store { partition, source })?;
+        Task::new(core, store, ctx)
     }
 
     pub fn core(&self) -> &Core {

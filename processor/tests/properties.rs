@@ -15,7 +15,7 @@ use std::sync::{Arc, LazyLock};
 use airlock_processor::core::record::State;
 use airlock_processor::core::{self, Core, Effects, Input, StateView, reducer};
 use airlock_processor::sample::{self, HOUR_MS};
-use airlock_processor::store::{self, MemoryStore, Store};
+use airlock_processor::store::{self, MemoryBackend, MemoryStore, StateStore, Store};
 use airlock_processor::task::Task;
 use airlock_schemas::{ApprovalVerdict, ControlKind, JournalEvent, OutcomeKind, Reason, Verdict};
 use proptest::prelude::*;
@@ -70,6 +70,8 @@ enum Op {
     },
     Commit,
     Crash,
+    /// Lose the disk: rebuild the state from the committed journal alone and carry on.
+    Rebuild,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -85,6 +87,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..KEYS.len(), any::<bool>()).prop_map(|(key, committed)| Op::Settle { key, committed }),
         2 => Just(Op::Commit),
         1 => Just(Op::Crash),
+        1 => Just(Op::Rebuild),
     ]
 }
 
@@ -321,8 +324,22 @@ impl Harness {
             }
             Op::Commit => self.commit(),
             Op::Crash => self.crash()?,
+            Op::Rebuild => self.rebuild()?,
         }
         Ok(())
+    }
+
+    /// The disk is lost after the last commit: a new task over state rebuilt from the journal
+    /// takes over, with the same projection, and the uncommitted batch is re-delivered to it.
+    fn rebuild(&mut self) -> Result<(), TestCaseError> {
+        self.task.discard().unwrap();
+        let live = self.task.store().projection_hash();
+        let store = StateStore::open(MemoryBackend::default()).unwrap();
+        self.task =
+            Task::rebuild_from_journal(CORE.clone(), store, sample::task_context(0), &self.journal)
+                .unwrap();
+        prop_assert_eq!(self.task.store().projection_hash(), live);
+        self.crash()
     }
 
     /// Rebuilds the projection from the committed journal alone and compares it to the live one.
