@@ -140,6 +140,13 @@ impl Core {
             Input::Control(c) => self.handle_control(view, c, &mut step)?,
             Input::Timer(t) => self.handle_timer(view, t, &mut step)?,
         }
+        // Every decision names the policy bundle in force, even a refusal that came before
+        // authorization: an auditor asks "under which rules was this decided?" of all of them.
+        for d in &mut step.out.decisions {
+            if d.policy_bundle_hash.is_none() {
+                d.policy_bundle_hash = Some(self.policy.bundle_hash().to_owned());
+            }
+        }
         Ok(step.out)
     }
 

@@ -355,7 +355,12 @@ impl Core {
         })
     }
 
-    fn refuse_proposal(&self, p: &ToolProposal, r: Refusal, step: &mut Step) -> Result<()> {
+    fn refuse_proposal(&self, p: &ToolProposal, mut r: Refusal, step: &mut Step) -> Result<()> {
+        // Refusals before authorization still record the bundle in force (and the resend
+        // reply repeats it, whatever bundle is in force then).
+        if r.policy_bundle_hash.is_none() {
+            r.policy_bundle_hash = Some(self.policy.bundle_hash().to_owned());
+        }
         let decision_id = format!("p/{}", p.proposal_id);
         let seen = ProposalSeen {
             operation_key: p.operation_key.clone(),
