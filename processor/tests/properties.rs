@@ -4,7 +4,7 @@
 //! settlements, and crashes that drop the uncommitted batch and re-decide it.
 //!
 //! Invariants: at most one dispatch per key and epoch; epoch n+1 only after a proven FAILED of
-//! epoch n; nothing unauthorized, expired, stale-fenced or conflicting dispatches; COMMITTED
+//! epoch n; no reconciliation lookup before the attempt's deadline; nothing unauthorized, expired, stale-fenced or conflicting dispatches; COMMITTED
 //! never regresses; re-deciding a dropped batch gives the same outputs; and state rebuilt from
 //! the journal alone has the live projection hash.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -101,6 +101,8 @@ struct Harness {
     /// Journal of committed batches: the only source of the rebuilt projection.
     journal: Vec<JournalEvent>,
     dispatched: BTreeSet<(String, i64)>,
+    /// Attempt deadline of every dispatch: no lookup may come before it.
+    attempt_deadlines: HashMap<(String, i64), i64>,
     /// Per key, the epoch whose proven failure allows the next dispatch.
     failed_epoch: HashMap<String, i64>,
     committed: BTreeSet<String>,
@@ -122,6 +124,7 @@ impl Harness {
             batch_outputs: Vec::new(),
             journal: Vec::new(),
             dispatched: BTreeSet::new(),
+            attempt_deadlines: HashMap::new(),
             failed_epoch: HashMap::new(),
             committed: BTreeSet::new(),
             highest_fence: 0,
@@ -165,6 +168,8 @@ impl Harness {
                     d.epoch - 1
                 );
             }
+            self.attempt_deadlines
+                .insert((key.clone(), d.epoch), d.attempt_deadline_at);
             let args: serde_json::Value = serde_json::from_str(&d.arguments_json).unwrap();
             let amount = args["amount"]["minor_units"].as_i64().unwrap();
             prop_assert!(amount <= 500_000, "a forbidden amount was dispatched");
@@ -187,6 +192,15 @@ impl Harness {
                     .find(|x| x.in_reply_to == p.proposal_id);
                 prop_assert_eq!(reply.map(|x| x.verdict), Some(Verdict::Accepted));
             }
+        }
+        for r in &effects.reconciles {
+            let deadline = self.attempt_deadlines[&(r.operation_key.clone(), r.epoch)];
+            prop_assert!(
+                r.issued_at >= deadline,
+                "reconciled {} epoch {} before its attempt deadline",
+                r.operation_key,
+                r.epoch
+            );
         }
         if let Input::Proposal(p) = input {
             // Every proposal gets exactly one reply; refusals dispatch nothing.

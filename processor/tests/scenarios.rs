@@ -242,7 +242,20 @@ fn connector_unknown_reconciles_until_operator_settles() -> Vec<Decision> {
     w.propose(&p);
     let e = w.outcome("refund:unk", 1, OutcomeKind::Unknown);
     assert_verdict(&e, Verdict::Unknown, Reason::OutcomeUnknown);
-    assert_eq!(e.reconciles.len(), 1);
+    // The call may still land until the attempt's deadline: no lookup before it.
+    assert!(e.reconciles.is_empty());
+    let State::Unknown {
+        next_reconcile_at, ..
+    } = w.record("refund:unk").state
+    else {
+        panic!("expected UNKNOWN");
+    };
+    assert_eq!(
+        next_reconcile_at,
+        w.record("refund:unk").deadline_at.min(T0 + 10_000)
+    );
+    let first = w.advance_to(next_reconcile_at);
+    assert_eq!(first.reconciles.len(), 1);
     // RECONCILED_UNKNOWN changes nothing; the rounds go on by timer (3 rounds in the config).
     let still = w.outcome("refund:unk", 1, OutcomeKind::ReconciledUnknown);
     assert!(still.decisions.is_empty() && still.writes.is_empty());

@@ -253,15 +253,36 @@ impl Core {
     }
 
     /// UNKNOWN: never FAILED. Reconcile now when the tool can be reconciled, else an operator.
+    /// UNKNOWN: never FAILED. Reconciled when the tool can be looked up downstream, else an
+    /// operator settles it. The first lookup waits for the attempt's deadline: until then the
+    /// call may still land, so "not found" would prove nothing.
     fn become_unknown(&self, rec: &mut EffectRecord, tool: Option<&Tool>, step: &mut Step) {
         let now = step.now;
+        let call_bound = match rec.state {
+            State::Dispatched {
+                attempt_deadline_at,
+                ..
+            }
+            | State::InFlight {
+                attempt_deadline_at,
+                ..
+            } => attempt_deadline_at,
+            _ => now,
+        };
         match tool.filter(|t| t.contract.reconcilable && t.reconcile.max_rounds > 0) {
-            Some(tool) => {
+            Some(tool) if call_bound <= now => {
                 self.reconcile(rec, 1, step);
                 rec.state = State::Unknown {
                     since: now,
                     rounds: 1,
                     next_reconcile_at: now.saturating_add_unsigned(tool.reconcile.backoff_ms(1)),
+                };
+            }
+            Some(_) => {
+                rec.state = State::Unknown {
+                    since: now,
+                    rounds: 0,
+                    next_reconcile_at: call_bound,
                 };
             }
             None => {
