@@ -190,23 +190,16 @@ impl Core {
             let reply = self.reply(&id, &rec.proposal_id.clone(), rec, v, r, d, now);
             step.out.decisions.push(reply);
         }
-        step.out.decisions.push(Decision {
-            decision_id,
-            in_reply_to: a.approval_id.clone(),
-            operation_key: rec.operation_key.clone(),
-            run_id: Some(rec.run_id.clone()),
+        let to_approver = self.reply(
+            &decision_id,
+            &a.approval_id,
+            rec,
             verdict,
             reason,
             detail,
-            arguments_hash: Some(rec.arguments_hash.clone()),
-            policy_bundle_hash: Some(rec.policy_bundle_hash.clone()),
-            epoch: Some(rec.epoch),
-            state: Some(rec.effect_state()),
-            receipt: None,
-            owner_partition: 0,
-            owner_epoch: 0,
-            decided_at: now,
-        });
+            now,
+        );
+        step.out.decisions.push(to_approver);
         writes.push(effect_write(rec.clone()));
         step.journal(event, writes)
     }
