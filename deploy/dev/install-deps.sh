@@ -2,10 +2,10 @@
 # Installs the system packages the build needs, only when they are missing.
 #   libclang-dev  bindgen for librocksdb-sys
 #   g++, make     RocksDB's C++ sources
-#   pkg-config, libssl-dev, libsasl2-dev, cmake: librdkafka (the Kafka runtime)
+#   pkg-config, libssl-dev, libsasl2-dev, libcurl4-openssl-dev, zlib1g-dev, cmake: librdkafka
 set -euo pipefail
 
-needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev cmake)
+needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake)
 missing=()
 for pkg in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

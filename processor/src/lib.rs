@@ -4,12 +4,14 @@
 //! # Layout
 //! - [`core`]: the deterministic state machine (no I/O, no clock, no randomness).
 //! - [`store`]: typed state over RocksDB or memory, timers, projection hash, atomic batches.
+//! - [`runtime`]: the Kafka shell: configuration, topics.
 //! - [`task`]: one partition's decision loop (decide, stamp, stage, fire timers, commit).
 //! - [`sample`]: the reference configuration and realistic inputs (tests, simulation, bench, demo).
 //! - [`cli`]: subcommands of the `airlock` binary.
 
 pub mod cli;
 pub mod core;
+pub mod runtime;
 pub mod sample;
 pub mod store;
 pub mod task;

@@ -4,9 +4,11 @@
 //! # Layout
 //! - [`hash`]: `airlock hash` prints canonical arguments, their hash and the idempotency key.
 //! - [`check`]: `airlock check` loads a tool registry and a policy bundle and reports them.
+//! - [`topics`]: `airlock topics create` creates the co-partitioned topics.
 
 pub mod check;
 pub mod hash;
+pub mod topics;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +27,8 @@ pub enum Command {
     Hash(hash::Args),
     /// Load a tool registry and a policy bundle, report what they hold, exit non-zero on error.
     Check(check::Args),
+    /// Manage Airlock's Kafka topics.
+    Topics(topics::Args),
 }
 
 impl Cli {
@@ -32,6 +36,7 @@ impl Cli {
         match self.command {
             Command::Hash(args) => hash::run(&args, &mut std::io::stdout().lock()),
             Command::Check(args) => check::run(&args, &mut std::io::stdout().lock()),
+            Command::Topics(args) => topics::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

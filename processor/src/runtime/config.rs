@@ -1,0 +1,335 @@
+//! The processor's configuration: one TOML file, every field with a production default, and
+//! environment overrides for the fields that differ per deployment.
+//!
+//! | field | env override | default |
+//! | --- | --- | --- |
+//! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
+//! | `kafka.properties` (any librdkafka property: SASL, SSL, ...) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none |
+//! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
+//! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
+//! | `topics.replication_factor` | `AIRLOCK_TOPICS_REPLICATION_FACTOR` | `1` |
+//! | `state.dir` | `AIRLOCK_STATE_DIR` | `./airlock-state` |
+//! | `batch.max_records` | `AIRLOCK_BATCH_MAX_RECORDS` | `500` |
+//! | `batch.flush_interval_ms` | `AIRLOCK_BATCH_FLUSH_INTERVAL_MS` | `20` |
+//! | `tools.registry`, `tools.policies`, `tools.entities` | `AIRLOCK_REGISTRY`, `AIRLOCK_POLICIES`, `AIRLOCK_ENTITIES` | `deploy/config/...` |
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Errors of loading the configuration; each names the file or variable at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("environment variable {name}={value:?}: {message}")]
+    Env {
+        name: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kafka: Kafka,
+    pub topics: Topics,
+    pub state: State,
+    pub batch: Batch,
+    pub tools: Tools,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Kafka {
+    /// Bootstrap servers, comma separated.
+    pub brokers: String,
+    /// Passed through to librdkafka for every client (security.protocol, sasl.*, ssl.*, ...).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for Kafka {
+    fn default() -> Self {
+        Kafka {
+            brokers: "localhost:9092".to_owned(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Topics {
+    /// Prepended to every topic name: `airlock.proposals`, `airlock.dispatch.ledger`, ...
+    pub prefix: String,
+    /// One partition count for every topic: they are co-partitioned by operation key.
+    pub partitions: i32,
+    pub replication_factor: i32,
+}
+
+impl Default for Topics {
+    fn default() -> Self {
+        Topics {
+            prefix: "airlock.".to_owned(),
+            partitions: 6,
+            replication_factor: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    /// One RocksDB directory per partition task below this directory.
+    pub dir: PathBuf,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            dir: PathBuf::from("./airlock-state"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batch {
+    /// Inputs per batch (one RocksDB WriteBatch, one outbox flush).
+    pub max_records: usize,
+    /// A batch closes after this long even if not full: bounds added latency.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            max_records: 500,
+            flush_interval_ms: 20,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tools {
+    pub registry: PathBuf,
+    pub policies: PathBuf,
+    pub entities: PathBuf,
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools {
+            registry: PathBuf::from("deploy/config/tools.toml"),
+            policies: PathBuf::from("deploy/config/policies.cedar"),
+            entities: PathBuf::from("deploy/config/entities.json"),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (when given), then applies the environment overrides, then validates.
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        let mut config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                Config::parse(&text, &path.display().to_string())?
+            }
+            None => Config::default(),
+        };
+        config.apply_env(|name| std::env::var(name).ok())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| Error::Parse {
+            path: origin.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies overrides from `lookup` (the environment, or a map in tests).
+    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        fn number<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
+        where
+            T::Err: std::fmt::Display,
+        {
+            value.trim().parse().map_err(|e: T::Err| Error::Env {
+                name,
+                value,
+                message: e.to_string(),
+            })
+        }
+        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
+            self.kafka.brokers = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
+            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
+                let Some((k, val)) = pair.split_once('=') else {
+                    return Err(Error::Env {
+                        name: "AIRLOCK_KAFKA_PROPERTIES",
+                        value: v.clone(),
+                        message: format!("{pair:?} is not key=value"),
+                    });
+                };
+                self.kafka
+                    .properties
+                    .insert(k.trim().to_owned(), val.trim().to_owned());
+            }
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
+            self.topics.prefix = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
+            self.topics.partitions = number("AIRLOCK_TOPICS_PARTITIONS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_REPLICATION_FACTOR") {
+            self.topics.replication_factor = number("AIRLOCK_TOPICS_REPLICATION_FACTOR", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_STATE_DIR") {
+            self.state.dir = PathBuf::from(v);
+        }
+        if let Some(v) = lookup("AIRLOCK_BATCH_MAX_RECORDS") {
+            self.batch.max_records = number("AIRLOCK_BATCH_MAX_RECORDS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_BATCH_FLUSH_INTERVAL_MS") {
+            self.batch.flush_interval_ms = number("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_REGISTRY") {
+            self.tools.registry = PathBuf::from(v);
+        }
+        if let Some(v) = lookup("AIRLOCK_POLICIES") {
+            self.tools.policies = PathBuf::from(v);
+        }
+        if let Some(v) = lookup("AIRLOCK_ENTITIES") {
+            self.tools.entities = PathBuf::from(v);
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, message: &str| {
+            Err(Error::Invalid {
+                field,
+                message: message.to_owned(),
+            })
+        };
+        if self.kafka.brokers.trim().is_empty() {
+            return invalid("kafka.brokers", "must name at least one broker");
+        }
+        if !(1..=10_000).contains(&self.topics.partitions) {
+            return invalid("topics.partitions", "must be between 1 and 10000");
+        }
+        if self.topics.replication_factor < 1 {
+            return invalid("topics.replication_factor", "must be at least 1");
+        }
+        let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if !self.topics.prefix.chars().all(legal) {
+            return invalid(
+                "topics.prefix",
+                "may only hold ASCII letters, digits, '.', '_' and '-' (Kafka topic names)",
+            );
+        }
+        if self.batch.max_records == 0 {
+            return invalid("batch.max_records", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// librdkafka settings shared by every client: brokers, then the pass-through properties.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.kafka.brokers);
+        for (k, v) in &self.kafka.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_then_file_then_environment() -> Result<()> {
+        let mut config = Config::parse(
+            r#"
+[kafka]
+brokers = "k1:9092,k2:9092"
+properties = { "security.protocol" = "sasl_ssl", "sasl.mechanism" = "SCRAM-SHA-512" }
+[topics]
+partitions = 12
+"#,
+            "test.toml",
+        )?;
+        assert_eq!(config.topics.prefix, "airlock.");
+        assert_eq!(config.batch.flush_interval_ms, 20);
+        let env = BTreeMap::from([
+            ("AIRLOCK_TOPICS_PARTITIONS", "24"),
+            ("AIRLOCK_KAFKA_PROPERTIES", "ssl.ca.location=/etc/ca.pem"),
+        ]);
+        config.apply_env(|name| env.get(name).map(|v| (*v).to_owned()))?;
+        config.validate()?;
+        assert_eq!(config.topics.partitions, 24);
+        assert_eq!(config.kafka.properties.len(), 3);
+        let client = config.client_config();
+        assert_eq!(client.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(client.get("bootstrap.servers"), Some("k1:9092,k2:9092"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_reference_file_spells_out_the_defaults() -> Result<()> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/airlock.toml");
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?;
+        assert_eq!(Config::parse(&text, "airlock.toml")?, Config::default());
+        Ok(())
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let unknown = Config::parse("[topics]\npartition = 3\n", "a.toml").unwrap_err();
+        assert!(unknown.to_string().contains("partition"), "{unknown}");
+        let mut config = Config::default();
+        let err = config
+            .apply_env(|n| (n == "AIRLOCK_TOPICS_PARTITIONS").then(|| "many".to_owned()))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("AIRLOCK_TOPICS_PARTITIONS"),
+            "{err}"
+        );
+        config.topics.prefix = "air lock".to_owned();
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("topics.prefix")
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! Topic names and `airlock topics create`: every topic of DESIGN.md section 1 with one
+//! partition count (they are co-partitioned by operation key), the changelog compacted, the
+//! journal kept forever, and a refusal to go on when existing topics disagree on partitions.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::config::Config;
+
+/// Errors of topic administration; each names the topics involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka client: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(
+        "existing topics are not co-partitioned with the configured {expected} partitions: {}; \
+         Airlock needs the same partition count on every topic (recreate them, or set \
+         topics.partitions to match)",
+        .mismatched.iter().map(|(t, n)| format!("{t} has {n}")).collect::<Vec<_>>().join(", ")
+    )]
+    NotCopartitioned {
+        expected: i32,
+        mismatched: Vec<(String, i32)>,
+    },
+    #[error("creating topic {topic}: {code}")]
+    Create {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One topic Airlock needs, with its settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    /// Topic-level configs set at creation.
+    pub configs: Vec<(&'static str, &'static str)>,
+}
+
+/// The names of Airlock's topics under a prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Self {
+        Names {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn proposals(&self) -> String {
+        format!("{}proposals", self.prefix)
+    }
+    pub fn approvals(&self) -> String {
+        format!("{}approvals", self.prefix)
+    }
+    pub fn outcomes(&self) -> String {
+        format!("{}outcomes", self.prefix)
+    }
+    pub fn control(&self) -> String {
+        format!("{}control", self.prefix)
+    }
+    pub fn decisions(&self) -> String {
+        format!("{}decisions", self.prefix)
+    }
+    pub fn journal(&self) -> String {
+        format!("{}journal", self.prefix)
+    }
+    pub fn changelog(&self) -> String {
+        format!("{}changelog", self.prefix)
+    }
+    pub fn dlq(&self) -> String {
+        format!("{}dlq", self.prefix)
+    }
+    pub fn dispatch(&self, connector: &str) -> String {
+        format!("{}dispatch.{connector}", self.prefix)
+    }
+
+    /// Every topic, inputs first, with the settings each needs.
+    pub fn plan<'a>(&self, connectors: impl IntoIterator<Item = &'a str>) -> Vec<TopicSpec> {
+        let plain = |name: String| TopicSpec {
+            name,
+            configs: Vec::new(),
+        };
+        let mut specs = vec![
+            plain(self.proposals()),
+            plain(self.approvals()),
+            plain(self.outcomes()),
+            plain(self.control()),
+            plain(self.decisions()),
+            TopicSpec {
+                name: self.journal(),
+                // The audit trail: never deleted by time or size.
+                configs: vec![("retention.ms", "-1"), ("retention.bytes", "-1")],
+            },
+            TopicSpec {
+                name: self.changelog(),
+                // Restore reads the latest record per key.
+                configs: vec![("cleanup.policy", "compact")],
+            },
+            plain(self.dlq()),
+        ];
+        let mut connectors: Vec<&str> = connectors.into_iter().collect();
+        connectors.sort_unstable();
+        connectors.dedup();
+        specs.extend(connectors.into_iter().map(|c| plain(self.dispatch(c))));
+        specs
+    }
+}
+
+/// What `create` found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub created: Vec<String>,
+    pub existing: Vec<String>,
+}
+
+/// Partition counts of the named topics that exist, from the cluster's metadata.
+pub fn partition_counts(
+    admin: &AdminClient<DefaultClientContext>,
+    timeout: Duration,
+) -> Result<BTreeMap<String, i32>> {
+    let metadata = admin.inner().fetch_metadata(None, timeout)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .filter(|t| t.error().is_none())
+        .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
+        .collect())
+}
+
+/// Checks co-partitioning of the topics that exist, then creates the missing ones. Nothing is
+/// created when an existing topic has another partition count.
+pub async fn create(config: &Config, specs: &[TopicSpec], timeout: Duration) -> Result<Report> {
+    let admin: AdminClient<DefaultClientContext> = config.client_config().create()?;
+    let existing = partition_counts(&admin, timeout)?;
+    let expected = config.topics.partitions;
+    let mismatched: Vec<(String, i32)> = specs
+        .iter()
+        .filter_map(|s| existing.get(&s.name).map(|n| (s.name.clone(), *n)))
+        .filter(|(_, n)| *n != expected)
+        .collect();
+    if !mismatched.is_empty() {
+        return Err(Error::NotCopartitioned {
+            expected,
+            mismatched,
+        });
+    }
+    let (present, missing): (Vec<_>, Vec<_>) =
+        specs.iter().partition(|s| existing.contains_key(&s.name));
+    let mut report = Report {
+        existing: present.iter().map(|s| s.name.clone()).collect(),
+        created: Vec::new(),
+    };
+    if missing.is_empty() {
+        return Ok(report);
+    }
+    let new_topics: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|s| {
+            s.configs.iter().fold(
+                NewTopic::new(
+                    &s.name,
+                    expected,
+                    TopicReplication::Fixed(config.topics.replication_factor),
+                ),
+                |t, (k, v)| t.set(k, v),
+            )
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(timeout));
+    for result in admin.create_topics(&new_topics, &options).await? {
+        match result {
+            Ok(name) => report.created.push(name),
+            // Another instance created it between our metadata read and now.
+            Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => report.existing.push(name),
+            Err((topic, code)) => return Err(Error::Create { topic, code }),
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_names_every_topic_once_with_its_settings() {
+        let specs = Names::new("airlock.").plan(["ledger", "http", "ledger"]);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "airlock.proposals",
+                "airlock.approvals",
+                "airlock.outcomes",
+                "airlock.control",
+                "airlock.decisions",
+                "airlock.journal",
+                "airlock.changelog",
+                "airlock.dlq",
+                "airlock.dispatch.http",
+                "airlock.dispatch.ledger",
+            ]
+        );
+        let changelog = specs.iter().find(|s| s.name.ends_with("changelog"));
+        assert_eq!(
+            changelog.map(|s| s.configs.clone()),
+            Some(vec![("cleanup.policy", "compact")])
+        );
+    }
+}
