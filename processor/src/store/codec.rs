@@ -1,6 +1,11 @@
-//! The value format of the state store and the changelog: one version byte, then the record as
-//! JSON. JSON keeps records readable by auditors and other languages; the version byte lets a
-//! later format coexist with this one during an upgrade.
+//! The value format of the state store and the changelog: a version byte, the row's timer (so
+//! that overwriting a row does not need to decode it to find the timer to move), then the
+//! record as JSON. JSON keeps records readable by auditors and other languages; the version
+//! byte lets a later format coexist with this one during an upgrade.
+//!
+//! ```text
+//! [VALUE_FORMAT] [0 | 1] [due_at: i64 big endian, present when 1] [JSON]
+//! ```
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -10,29 +15,55 @@ use super::{Error, Result};
 /// The current value format. Never reuse a retired number.
 pub const VALUE_FORMAT: u8 = 1;
 
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![VALUE_FORMAT];
+/// Encodes a record and the due time of its timer, if it has one.
+pub fn encode<T: Serialize>(value: &T, timer: Option<i64>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.push(VALUE_FORMAT);
+    match timer {
+        Some(due) => {
+            out.push(1);
+            out.extend_from_slice(&due.to_be_bytes());
+        }
+        None => out.push(0),
+    }
     serde_json::to_writer(&mut out, value)
         .expect("records are plain data with string keys: serializing them cannot fail");
     out
 }
 
+/// The timer due time stored with a row, without decoding the record.
+pub fn timer_of(table: Table, id: &str, bytes: &[u8]) -> Result<Option<i64>> {
+    let (timer, _) = split(table, id, bytes)?;
+    Ok(timer)
+}
+
 pub fn decode<T: DeserializeOwned>(table: Table, id: &str, bytes: &[u8]) -> Result<T> {
-    match bytes.split_first() {
-        Some((&VALUE_FORMAT, json)) => serde_json::from_slice(json).map_err(|e| Error::Corrupt {
+    let (_, json) = split(table, id, bytes)?;
+    serde_json::from_slice(json).map_err(|e| corrupt(table, id, e.to_string()))
+}
+
+fn split<'a>(table: Table, id: &str, bytes: &'a [u8]) -> Result<(Option<i64>, &'a [u8])> {
+    match bytes {
+        [VALUE_FORMAT, 0, json @ ..] => Ok((None, json)),
+        [VALUE_FORMAT, 1, rest @ ..] if rest.len() >= 8 => {
+            let (due, json) = rest.split_at(8);
+            let due = i64::from_be_bytes(due.try_into().expect("split_at(8) gives 8 bytes"));
+            Ok((Some(due), json))
+        }
+        [VALUE_FORMAT, ..] => Err(corrupt(table, id, "truncated header".to_owned())),
+        [found, ..] => Err(Error::Version {
             table,
-            key: id.to_owned(),
-            detail: e.to_string(),
-        }),
-        Some((&found, _)) => Err(Error::Version {
-            table,
-            found,
+            found: *found,
             expected: VALUE_FORMAT,
         }),
-        None => Err(Error::Corrupt {
-            table,
-            key: id.to_owned(),
-            detail: "empty value".to_owned(),
-        }),
+        [] => Err(corrupt(table, id, "empty value".to_owned())),
+    }
+}
+
+fn corrupt(table: Table, id: &str, detail: String) -> Error {
+    Error::Corrupt {
+        table,
+        key: id.to_owned(),
+        detail,
     }
 }

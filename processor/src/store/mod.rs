@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - [`keys`]: table prefixes and order-preserving key encodings.
-//! - [`codec`]: the value format (a version byte, then the record).
+//! - [`codec`]: the value format (a version byte, the row's timer, then the record).
 //! - [`memory`]: an in-memory backend (tests, simulation).
 //! - [`rocks`]: the RocksDB backend (production).
 //!
@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use sha2::{Digest, Sha256};
 
-use crate::core::{self, EffectRecord, ProposalSeen, RunRecord, StateView, TimerFired, Write};
+use crate::core::{
+    self, EffectRecord, ProposalSeen, RunRecord, StateView, TimerFired, TimerTarget, Write,
+};
 use keys::Table;
 
 pub use memory::MemoryBackend;
@@ -187,45 +189,33 @@ impl<B: Backend> Store for StateStore<B> {
     fn apply(&mut self, writes: &[Write]) -> Result<()> {
         for write in writes {
             let new_timer = write.timer();
-            match write {
-                Write::Effect { key, record } => {
-                    let old: Option<EffectRecord> = self.typed(Table::Effect, key)?;
-                    let old_timer = old.map(|r| Write::Effect {
-                        key: key.clone(),
-                        record: Some(Box::new(r)),
-                    });
-                    let value = record.as_deref().map(codec::encode);
-                    self.put_projected(
-                        Table::Effect,
-                        key,
-                        value,
-                        old_timer.and_then(|w| w.timer()),
-                        new_timer,
-                    )?;
-                }
-                Write::Proposal { id, seen } => {
-                    let old: Option<ProposalSeen> = self.typed(Table::Proposal, id)?;
-                    let old_timer = old
-                        .map(|s| Write::Proposal {
-                            id: id.clone(),
-                            seen: Some(s),
-                        })
-                        .and_then(|w| w.timer());
-                    let value = seen.as_ref().map(codec::encode);
-                    self.put_projected(Table::Proposal, id, value, old_timer, new_timer)?;
-                }
-                Write::Run { run_id, run } => {
-                    let old: Option<RunRecord> = self.typed(Table::Run, run_id)?;
-                    let old_timer = old
-                        .map(|r| Write::Run {
-                            run_id: run_id.clone(),
-                            run: Some(r),
-                        })
-                        .and_then(|w| w.timer());
-                    let value = run.as_ref().map(codec::encode);
-                    self.put_projected(Table::Run, run_id, value, old_timer, new_timer)?;
-                }
-            }
+            let due = new_timer.as_ref().map(|t| t.due_at);
+            let (table, id, value) = match write {
+                Write::Effect { key, record } => (
+                    Table::Effect,
+                    key,
+                    record.as_deref().map(|r| codec::encode(r, due)),
+                ),
+                Write::Proposal { id, seen } => (
+                    Table::Proposal,
+                    id,
+                    seen.as_ref().map(|s| codec::encode(s, due)),
+                ),
+                Write::Run { run_id, run } => (
+                    Table::Run,
+                    run_id,
+                    run.as_ref().map(|r| codec::encode(r, due)),
+                ),
+            };
+            // The old row's timer comes from its header: no need to decode the old record.
+            let old_timer = match self.read(&table.key(id.as_bytes()))? {
+                Some(old) => codec::timer_of(table, id, &old)?.map(|due_at| TimerFired {
+                    due_at,
+                    target: target_of(table, id),
+                }),
+                None => None,
+            };
+            self.put_projected(table, id, value, old_timer, new_timer)?;
         }
         Ok(())
     }
@@ -284,6 +274,14 @@ impl<B: Backend> Store for StateStore<B> {
 
     fn projection_hash(&self) -> String {
         hex::encode(self.projection)
+    }
+}
+
+fn target_of(table: Table, id: &str) -> TimerTarget {
+    match table {
+        Table::Proposal => TimerTarget::Proposal(id.to_owned()),
+        Table::Run => TimerTarget::Run(id.to_owned()),
+        _ => TimerTarget::Effect(id.to_owned()),
     }
 }
 
