@@ -52,6 +52,21 @@ async fn topics_create_makes_every_topic_with_one_partition_count() -> anyhow::R
         .expect("one resource asked, one answered")?;
     let policy = resource.get("cleanup.policy").and_then(|e| e.value.clone());
     assert_eq!(policy.as_deref(), Some("compact"), "{:?}", resource.entries);
+
+    // And the audit trail kept forever.
+    let journal = Names::new(&prefix).journal();
+    let described = admin
+        .describe_configs(
+            &[ResourceSpecifier::Topic(&journal)],
+            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+        )
+        .await?;
+    let resource = described
+        .into_iter()
+        .next()
+        .expect("one resource asked, one answered")?;
+    let retention = resource.get("retention.ms").and_then(|e| e.value.clone());
+    assert_eq!(retention.as_deref(), Some("-1"), "{:?}", resource.entries);
     Ok(())
 }
 
