@@ -20,6 +20,25 @@ fn config(broker: &Broker, prefix: &str, partitions: i32) -> Config {
     c
 }
 
+/// One topic-level config as the broker reports it (DescribeConfigs).
+async fn topic_config(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    name: &str,
+) -> anyhow::Result<Option<String>> {
+    let described = admin
+        .describe_configs(
+            &[ResourceSpecifier::Topic(topic)],
+            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+        )
+        .await?;
+    let resource = described
+        .into_iter()
+        .next()
+        .expect("one resource asked, one answered")?;
+    Ok(resource.get(name).and_then(|e| e.value.clone()))
+}
+
 #[tokio::test]
 async fn topics_create_makes_every_topic_with_one_partition_count() -> anyhow::Result<()> {
     let broker = Broker::start().await?;
@@ -38,35 +57,21 @@ async fn topics_create_makes_every_topic_with_one_partition_count() -> anyhow::R
     let again = topics::create(&config, &specs, TIMEOUT).await?;
     assert!(again.created.is_empty() && again.existing.len() == specs.len());
 
-    // The broker feature the restore path relies on: a compacted changelog.
-    let changelog = Names::new(&prefix).changelog();
-    let described = admin
-        .describe_configs(
-            &[ResourceSpecifier::Topic(&changelog)],
-            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
-        )
-        .await?;
-    let resource = described
-        .into_iter()
-        .next()
-        .expect("one resource asked, one answered")?;
-    let policy = resource.get("cleanup.policy").and_then(|e| e.value.clone());
-    assert_eq!(policy.as_deref(), Some("compact"), "{:?}", resource.entries);
-
-    // And the audit trail kept forever.
-    let journal = Names::new(&prefix).journal();
-    let described = admin
-        .describe_configs(
-            &[ResourceSpecifier::Topic(&journal)],
-            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
-        )
-        .await?;
-    let resource = described
-        .into_iter()
-        .next()
-        .expect("one resource asked, one answered")?;
-    let retention = resource.get("retention.ms").and_then(|e| e.value.clone());
-    assert_eq!(retention.as_deref(), Some("-1"), "{:?}", resource.entries);
+    // The broker features restore and audit rely on: a compacted changelog, a journal kept
+    // forever.
+    let names = Names::new(&prefix);
+    assert_eq!(
+        topic_config(&admin, &names.changelog(), "cleanup.policy")
+            .await?
+            .as_deref(),
+        Some("compact")
+    );
+    assert_eq!(
+        topic_config(&admin, &names.journal(), "retention.ms")
+            .await?
+            .as_deref(),
+        Some("-1")
+    );
     Ok(())
 }
 

@@ -232,17 +232,15 @@ impl Core {
                 "approved after the intent's deadline".to_owned(),
             ));
         }
-        match self.reauthorize(rec, tool) {
-            Authz::Deny { .. } => {
-                let authz = self.reauthorize(rec, tool);
-                rec.state = State::Denied {
-                    at: now,
-                    by: "policy".to_owned(),
-                };
-                return Ok((Verdict::Denied, Reason::PolicyDenied, authz.summary()));
-            }
-            _ => rec.policy_bundle_hash = self.policy.bundle_hash().to_owned(),
+        let authz = self.reauthorize(rec, tool);
+        if let Authz::Deny { .. } = authz {
+            rec.state = State::Denied {
+                at: now,
+                by: "policy".to_owned(),
+            };
+            return Ok((Verdict::Denied, Reason::PolicyDenied, authz.summary()));
         }
+        rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
         if let Some(refused) = self.budget_refusal(rec, tool, now) {
             return Ok(refused);
         }
