@@ -7,6 +7,9 @@
 //!
 //! Every wait in here is bounded: a test that hangs is a failure with a message, not a stuck CI.
 
+pub mod airlock;
+pub mod workload;
+
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

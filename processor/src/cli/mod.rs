@@ -5,9 +5,11 @@
 //! - [`hash`]: `airlock hash` prints canonical arguments, their hash and the idempotency key.
 //! - [`check`]: `airlock check` loads a tool registry and a policy bundle and reports them.
 //! - [`topics`]: `airlock topics create` creates the co-partitioned topics.
+//! - [`run`]: `airlock run`, one processor instance.
 
 pub mod check;
 pub mod hash;
+pub mod run;
 pub mod topics;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +31,8 @@ pub enum Command {
     Check(check::Args),
     /// Manage Airlock's Kafka topics.
     Topics(topics::Args),
+    /// Run a processor instance (consumer group member) until SIGTERM/SIGINT.
+    Run(run::Args),
 }
 
 impl Cli {
@@ -37,6 +41,7 @@ impl Cli {
             Command::Hash(args) => hash::run(&args, &mut std::io::stdout().lock()),
             Command::Check(args) => check::run(&args, &mut std::io::stdout().lock()),
             Command::Topics(args) => topics::run(&args, &mut std::io::stdout().lock()),
+            Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

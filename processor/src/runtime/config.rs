@@ -11,7 +11,14 @@
 //! | `state.dir` | `AIRLOCK_STATE_DIR` | `./airlock-state` |
 //! | `batch.max_records` | `AIRLOCK_BATCH_MAX_RECORDS` | `500` |
 //! | `batch.flush_interval_ms` | `AIRLOCK_BATCH_FLUSH_INTERVAL_MS` | `20` |
+//! | `state.sync` | `AIRLOCK_STATE_SYNC` | `true` |
 //! | `tools.registry`, `tools.policies`, `tools.entities` | `AIRLOCK_REGISTRY`, `AIRLOCK_POLICIES`, `AIRLOCK_ENTITIES` | `deploy/config/...` |
+//! | `processor.instance` | `AIRLOCK_INSTANCE` | `<hostname>-<pid>` |
+//! | `processor.group_id` | `AIRLOCK_GROUP_ID` | `<prefix>processor` |
+//! | `processor.session_timeout_ms` | `AIRLOCK_SESSION_TIMEOUT_MS` | `10000` |
+//! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
+//! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
+//! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +59,37 @@ pub struct Config {
     pub state: State,
     pub batch: Batch,
     pub tools: Tools,
+    pub processor: Processor,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Processor {
+    /// This instance's name in logs and in the journal's `task` field; empty = hostname-pid.
+    pub instance: String,
+    /// The consumer group of the processor instances; empty = `<prefix>processor`.
+    pub group_id: String,
+    /// How long the group waits for a silent instance before handing its partitions over.
+    pub session_timeout_ms: u64,
+    /// Timers fired per task per batch, at most: bounds a batch after a long pause.
+    pub timers_per_batch: usize,
+    /// How often each task journals a CHECKPOINT with its projection hash.
+    pub checkpoint_interval_ms: u64,
+    /// The producer's linger: a little batching of the outputs.
+    pub linger_ms: u64,
+}
+
+impl Default for Processor {
+    fn default() -> Self {
+        Processor {
+            instance: String::new(),
+            group_id: String::new(),
+            session_timeout_ms: 10_000,
+            timers_per_batch: 1_000,
+            checkpoint_interval_ms: 60_000,
+            linger_ms: 2,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -97,12 +135,15 @@ impl Default for Topics {
 pub struct State {
     /// One RocksDB directory per partition task below this directory.
     pub dir: PathBuf,
+    /// fsync each batch's WriteBatch: survives power loss, not only process crashes.
+    pub sync: bool,
 }
 
 impl Default for State {
     fn default() -> Self {
         State {
             dir: PathBuf::from("./airlock-state"),
+            sync: true,
         }
     }
 }
@@ -224,6 +265,27 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_ENTITIES") {
             self.tools.entities = PathBuf::from(v);
         }
+        if let Some(v) = lookup("AIRLOCK_STATE_SYNC") {
+            self.state.sync = number("AIRLOCK_STATE_SYNC", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_INSTANCE") {
+            self.processor.instance = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_GROUP_ID") {
+            self.processor.group_id = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_SESSION_TIMEOUT_MS") {
+            self.processor.session_timeout_ms = number("AIRLOCK_SESSION_TIMEOUT_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_TIMERS_PER_BATCH") {
+            self.processor.timers_per_batch = number("AIRLOCK_TIMERS_PER_BATCH", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CHECKPOINT_INTERVAL_MS") {
+            self.processor.checkpoint_interval_ms = number("AIRLOCK_CHECKPOINT_INTERVAL_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
+            self.processor.linger_ms = number("AIRLOCK_LINGER_MS", v)?;
+        }
         Ok(())
     }
 
@@ -253,7 +315,36 @@ impl Config {
         if self.batch.max_records == 0 {
             return invalid("batch.max_records", "must be at least 1");
         }
+        if self.processor.timers_per_batch == 0 {
+            return invalid("processor.timers_per_batch", "must be at least 1");
+        }
+        if self.processor.session_timeout_ms < 1_000 {
+            return invalid("processor.session_timeout_ms", "must be at least 1000");
+        }
         Ok(())
+    }
+
+    /// The instance name: configured, or `<hostname>-<pid>`.
+    pub fn instance(&self) -> String {
+        if !self.processor.instance.is_empty() {
+            return self.processor.instance.clone();
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "airlock".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+
+    /// The processor's consumer group: configured, or `<prefix>processor`.
+    pub fn group_id(&self) -> String {
+        if self.processor.group_id.is_empty() {
+            format!("{}processor", self.topics.prefix)
+        } else {
+            self.processor.group_id.clone()
+        }
     }
 
     /// librdkafka settings shared by every client: brokers, then the pass-through properties.

@@ -4,9 +4,20 @@
 //! - [`config`]: the one configuration file and its environment overrides.
 //! - [`partitioner`]: the partition of an operation key (Kafka's murmur2).
 //! - [`topics`]: topic names, `airlock topics create`, the co-partitioning check.
-//!
-//! The consumer-group runtime (`airlock run`) builds on these; see the runtime issue.
+//! - [`wire`]: output headers, owner-epoch fence markers, the outbox entry format, the
+//!   consumer-side fence filter.
+//! - [`partition`]: one partition's task: decode or dead-letter, decide, seal a batch.
+//! - [`produce`]: the idempotent producer and phase-ordered, acknowledged sends.
+//! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
+//! - [`run`]: `airlock run`, the consumer-group batch loop.
+//! - [`logging`]: the stderr logger.
 
 pub mod config;
+pub mod logging;
+pub mod partition;
 pub mod partitioner;
+pub mod produce;
+pub mod restore;
+pub mod run;
 pub mod topics;
+pub mod wire;

@@ -26,7 +26,7 @@ use crate::core::{
 use keys::Table;
 
 pub use memory::MemoryBackend;
-pub use rocks::RocksBackend;
+pub use rocks::{RocksBackend, RocksOptions};
 
 /// Errors of the store. Each names what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +120,57 @@ impl<B: Backend> StateStore<B> {
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Everything staged since the last commit, in key order (`None` deletes): the runtime
+    /// turns the projected and offset rows into changelog records before committing.
+    pub fn staged(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.staged
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+    }
+
+    /// Stages one row exactly as another store held it (restore from the changelog), keeping
+    /// the timer index and the projection hash in step. `key` is a full store key.
+    pub fn restore_row(&mut self, key: &[u8], value: Option<Vec<u8>>) -> Result<()> {
+        let corrupt = |detail: String| Error::Corrupt {
+            table: Table::Meta,
+            key: String::from_utf8_lossy(key).into_owned(),
+            detail,
+        };
+        let table = key
+            .first()
+            .and_then(|b| Table::from_prefix(*b))
+            .ok_or_else(|| corrupt("unknown table prefix".to_owned()))?;
+        match table {
+            Table::Effect | Table::Proposal | Table::Run => {
+                let id = std::str::from_utf8(&key[1..])
+                    .map_err(|_| corrupt("row id is not UTF-8".to_owned()))?;
+                let timer_of = |bytes: &[u8]| -> Result<Option<TimerFired>> {
+                    Ok(codec::timer_of(table, id, bytes)?.map(|due_at| TimerFired {
+                        due_at,
+                        target: target_of(table, id),
+                    }))
+                };
+                let old_timer = match self.read(key)? {
+                    Some(old) => timer_of(&old)?,
+                    None => None,
+                };
+                let new_timer = match &value {
+                    Some(v) => timer_of(v)?,
+                    None => None,
+                };
+                let id = id.to_owned();
+                self.put_projected(table, &id, value, old_timer, new_timer)
+            }
+            Table::Offset | Table::Meta => {
+                self.staged.insert(key.to_vec(), value);
+                Ok(())
+            }
+            Table::Timer | Table::Outbox => Err(corrupt(format!(
+                "table {table:?} is local and never restored"
+            ))),
+        }
     }
 
     fn read(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -1,0 +1,367 @@
+//! `airlock-bench-runtime`: the processor against a real broker, next to a pass-through
+//! baseline measured in the same run on the same broker.
+//!
+//! 1. **pass-through**: a consumer group member that reads the proposals and, per batch (same
+//!    size and flush interval), produces as many records per input as the processor does, with
+//!    the same producer (idempotent, acks=all, lz4), and waits for the acknowledgements;
+//! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
+//! 3. **processor, duplicates**: the same N proposals again (producer resends);
+//! 4. **latency**: proposals produced at half the processor's fresh rate; p50/p99 from produce
+//!    to the decision being readable.
+//!
+//! ```sh
+//! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
+//!   --listener-url tcp://0.0.0.0:9092 --advertised-listener-url tcp://localhost:9092
+//! cargo run --release -p airlock-processor --bin airlock-bench-runtime -- --proposals 30000
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::cli::run::load_core;
+use airlock_processor::runtime::config::Config;
+use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
+use airlock_processor::runtime::produce::Producer;
+use airlock_processor::runtime::run;
+use airlock_processor::runtime::topics::{self, Names};
+use airlock_processor::runtime::wire::{self, OutRecord};
+use airlock_processor::sample;
+use airlock_schemas::{Codec, Decision};
+use anyhow::Context;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value = "localhost:9092")]
+    brokers: String,
+    #[arg(long, default_value_t = 30_000)]
+    proposals: usize,
+    #[arg(long, default_value_t = 3)]
+    partitions: i32,
+    /// Seconds of the half-load latency phase.
+    #[arg(long, default_value_t = 10)]
+    latency_seconds: u64,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut config = Config::default();
+    config.kafka.brokers = args.brokers.clone();
+    config.topics.prefix = format!("bench-{:x}.", now_ms());
+    config.topics.partitions = args.partitions;
+    config.processor.session_timeout_ms = 6_000;
+    let dir = sample::config_dir();
+    config.tools.registry = dir.join("tools.toml");
+    config.tools.policies = dir.join("policies.cedar");
+    config.tools.entities = dir.join("entities.json");
+    let state = tempfile::tempdir()?;
+    config.state.dir = state.path().to_owned();
+    let names = Names::new(&config.topics.prefix);
+    let core = Arc::new(load_core(&config)?);
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
+    plan.push(topics::TopicSpec {
+        name: format!("{}passthrough", config.topics.prefix),
+        configs: Vec::new(),
+    });
+    rt.block_on(topics::create(&config, &plan, Duration::from_secs(30)))?;
+    let n = args.proposals;
+    let now = now_ms();
+    let fresh: Vec<_> = (0..n)
+        .map(|i| sample::refund(&format!("refund:b{i}"), 1_000, now))
+        .collect();
+    println!(
+        "broker {}, {} partitions, {n} proposals per phase",
+        args.brokers, args.partitions
+    );
+
+    // 2. The processor on fresh keys (first, to learn its output records per input).
+    produce_all(&config, &names.proposals(), &fresh)?;
+    let (fresh_rate, produced_per_input) = run_processor(&config, core.clone(), &names, n)?;
+    // 3. Duplicates: the same messages again.
+    produce_all(&config, &names.proposals(), &fresh)?;
+    let (dup_rate, _) = run_processor(&config, core.clone(), &names, n)?;
+    // 1. Pass-through over the same 2n proposals, same batch shape and producer.
+    let pass_rate = pass_through(&config, &names, 2 * n, produced_per_input)?;
+    println!(
+        "pass-through      {pass_rate:>9.0} proposals/s ({produced_per_input:.1} records out per input)"
+    );
+    println!(
+        "processor fresh   {fresh_rate:>9.0} proposals/s  ratio {:.2}",
+        fresh_rate / pass_rate
+    );
+    println!(
+        "processor dups    {dup_rate:>9.0} proposals/s  ratio {:.2}",
+        dup_rate / pass_rate
+    );
+    // 4. Latency at half the fresh rate.
+    let rate = (fresh_rate / 2.0).max(100.0);
+    let (p50, p99, count) = latency(&config, core, &names, rate, args.latency_seconds)?;
+    println!(
+        "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)"
+    );
+    Ok(())
+}
+
+fn base_producer(config: &Config) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
+    Ok(config
+        .client_config()
+        .set("partitioner", LIBRDKAFKA_PARTITIONER)
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
+fn produce_all(
+    config: &Config,
+    topic: &str,
+    proposals: &[airlock_schemas::ToolProposal],
+) -> anyhow::Result<()> {
+    let producer = base_producer(config)?;
+    let codec = Codec::new();
+    for p in proposals {
+        let payload = codec.encode_single_object(p)?;
+        let mut record = BaseRecord::<str, [u8]>::to(topic)
+            .key(p.operation_key.as_str())
+            .payload(&payload);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    record = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// Count of records in `topic` (sum of high watermarks).
+fn topic_size(consumer: &BaseConsumer, topic: &str, partitions: i32) -> anyhow::Result<i64> {
+    let mut total = 0;
+    for p in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        total += high - low;
+    }
+    Ok(total)
+}
+
+/// Runs the processor until `new_decisions` more decisions are readable; returns decisions per
+/// second of this run and output records per input.
+fn run_processor(
+    config: &Config,
+    core: Arc<airlock_processor::core::Core>,
+    names: &Names,
+    new_decisions: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let watcher: BaseConsumer = config
+        .client_config()
+        .set("group.id", "bench-watch")
+        .create()?;
+    let parts = config.topics.partitions;
+    let before = topic_size(&watcher, &names.decisions(), parts)?;
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let flag = shutdown.clone();
+    let cfg = config.clone();
+    let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
+    // The clock starts at the first new decision (after the partitions were claimed).
+    let target_new = new_decisions as i64;
+    let mut started = None;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let size = topic_size(&watcher, &names.decisions(), parts)? - before;
+        if started.is_none() && size > i64::from(parts) {
+            started = Some((Instant::now(), size));
+        }
+        if size >= target_new + i64::from(parts) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "processor too slow: {size} decisions"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (t0, s0) = started.context("no decision seen")?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let decided = (target_new + i64::from(parts) - s0) as f64;
+    shutdown.store(true, Ordering::Relaxed);
+    let summary = handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("processor panicked"))??;
+    let per_input = summary.produced as f64 / summary.inputs.max(1) as f64;
+    Ok((decided / elapsed, per_input))
+}
+
+/// The baseline: consume, produce `per_input` records per input, wait for acks, per batch.
+fn pass_through(
+    config: &Config,
+    names: &Names,
+    total: usize,
+    per_input: f64,
+) -> anyhow::Result<f64> {
+    let consumer: BaseConsumer = config
+        .client_config()
+        .set("group.id", format!("{}passthrough", config.topics.prefix))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range")
+        .set("session.timeout.ms", "6000")
+        .create()?;
+    consumer.subscribe(&[&names.proposals()])?;
+    let producer = Producer::new(&config.client_config(), config.processor.linger_ms)?;
+    let out_topic = format!("{}passthrough", config.topics.prefix);
+    let mut consumed = 0usize;
+    let mut owed = 0.0f64;
+    let mut started = None;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while consumed < total {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "pass-through stalled at {consumed}"
+        );
+        let mut batch = Vec::new();
+        let first = Instant::now();
+        while batch.len() < config.batch.max_records
+            && first.elapsed() < Duration::from_millis(config.batch.flush_interval_ms)
+        {
+            match consumer.poll(Duration::from_millis(5)) {
+                Some(Ok(m)) => {
+                    started.get_or_insert_with(Instant::now);
+                    batch.push((
+                        m.partition(),
+                        m.key().map(<[u8]>::to_vec),
+                        m.payload().map(<[u8]>::to_vec),
+                    ));
+                }
+                Some(Err(e)) => eprintln!("pass-through consumer: {e}"),
+                None => {}
+            }
+        }
+        let mut out = Vec::new();
+        for (i, (p, k, v)) in batch.iter().enumerate() {
+            owed += per_input;
+            while owed >= 1.0 {
+                owed -= 1.0;
+                out.push(OutRecord {
+                    topic: out_topic.clone(),
+                    partition: *p,
+                    key: k.clone(),
+                    value: v.clone(),
+                    headers: wire::identity("bench", &i.to_string(), *p, 1),
+                    phase: 0,
+                });
+            }
+        }
+        producer.send_phased(&out)?;
+        consumed += batch.len();
+    }
+    let elapsed = started.context("nothing consumed")?.elapsed().as_secs_f64();
+    Ok(total as f64 / elapsed)
+}
+
+/// Proposals at `rate` per second for `seconds`; latency from produce to decision readable.
+fn latency(
+    config: &Config,
+    core: Arc<airlock_processor::core::Core>,
+    names: &Names,
+    rate: f64,
+    seconds: u64,
+) -> anyhow::Result<(f64, f64, u64)> {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let flag = shutdown.clone();
+    let cfg = config.clone();
+    let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
+    // A reader positioned at the current end of the decisions topic.
+    let reader: BaseConsumer = config
+        .client_config()
+        .set("group.id", "bench-latency")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..config.topics.partitions {
+        let (_, high) = reader.fetch_watermarks(&names.decisions(), p, Duration::from_secs(10))?;
+        tpl.add_partition_offset(&names.decisions(), p, Offset::Offset(high))?;
+    }
+    reader.assign(&tpl)?;
+    std::thread::sleep(Duration::from_secs(3)); // partitions claimed
+    let producer = base_producer(config)?;
+    let codec = Codec::new();
+    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let total = (rate * seconds as f64) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let topic = names.proposals();
+    let sender = {
+        let sent = sent.clone();
+        let now = now_ms();
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let start = Instant::now();
+            for i in 0..total {
+                let due = start + interval.mul_f64(i as f64);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let p = sample::refund(&format!("refund:lat{i}"), 1_000, now);
+                let payload = codec.encode_single_object(&p)?;
+                sent.lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .insert(p.proposal_id.clone(), Instant::now());
+                let record = BaseRecord::<str, [u8]>::to(&topic)
+                    .key(p.operation_key.as_str())
+                    .payload(&payload);
+                producer
+                    .send(record)
+                    .map_err(|(e, _)| anyhow::anyhow!("send: {e}"))?;
+            }
+            producer.flush(Duration::from_secs(30))?;
+            Ok(())
+        })
+    };
+    let mut hist = Histogram::<u64>::new(3)?;
+    let deadline = Instant::now() + Duration::from_secs(seconds + 60);
+    let codec = Codec::new();
+    while (hist.len() as usize) < total && Instant::now() < deadline {
+        let Some(m) = reader.poll(Duration::from_millis(50)) else {
+            continue;
+        };
+        let m = m?;
+        let Some(payload) = m.payload() else { continue };
+        let Ok(d) = codec.decode_as::<Decision>(payload) else {
+            continue; // a fence marker
+        };
+        let at = Instant::now();
+        if let Some(t) = sent
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .remove(&d.in_reply_to)
+        {
+            hist.record(at.duration_since(t).as_micros() as u64)?;
+        }
+    }
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    shutdown.store(true, Ordering::Relaxed);
+    handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("processor panicked"))??;
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1000.0,
+        hist.value_at_quantile(0.99) as f64 / 1000.0,
+        hist.len(),
+    ))
+}

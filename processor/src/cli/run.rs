@@ -1,0 +1,92 @@
+//! `airlock run`: one processor instance (see `runtime::run`). Stops gracefully on SIGTERM or
+//! SIGINT: finishes the batch, flushes the outbox, leaves the group, exits 0.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+
+use crate::core::policy::Policy;
+use crate::core::registry::Registry;
+use crate::core::{self, Core};
+use crate::runtime::{config::Config, logging, run};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The configuration file (TOML); every field has a default and an environment override
+    /// (see deploy/config/airlock.toml).
+    #[arg(long, short, env = "AIRLOCK_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
+    logging::init();
+    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let core = Arc::new(load_core(&config)?);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    watch_signals(shutdown.clone())?;
+    let summary = run::run(&config, core, shutdown).context("running the processor")?;
+    writeln!(
+        out,
+        "stopped: {} inputs in {} batches, {} dead-lettered, {} records produced, {} partition claims",
+        summary.inputs, summary.batches, summary.dead_lettered, summary.produced, summary.claims
+    )?;
+    Ok(())
+}
+
+/// The core the configuration names: tool registry and policy bundle.
+pub fn load_core(config: &Config) -> anyhow::Result<Core> {
+    let t = &config.tools;
+    let registry = Registry::load(&t.registry)
+        .with_context(|| format!("loading the tool registry {}", t.registry.display()))?;
+    let policy = Policy::load(&t.policies, &t.entities).with_context(|| {
+        format!(
+            "loading the policy bundle {} + {}",
+            t.policies.display(),
+            t.entities.display()
+        )
+    })?;
+    log::info!(
+        "tool registry {} ({} tools), policy bundle {}",
+        registry.hash(),
+        registry.tools().count(),
+        policy.bundle_hash()
+    );
+    Ok(Core::new(registry, policy, core::Config::default()))
+}
+
+/// Sets `flag` on the first SIGTERM or SIGINT; a second one exits at once.
+fn watch_signals(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the signal runtime")?;
+    std::thread::Builder::new()
+        .name("signals".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                let (Ok(mut term), Ok(mut int)) =
+                    (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+                else {
+                    log::error!("cannot install signal handlers; stop with SIGKILL");
+                    return;
+                };
+                for round in 0.. {
+                    tokio::select! {
+                        _ = term.recv() => log::info!("SIGTERM: finishing the batch, then stopping"),
+                        _ = int.recv() => log::info!("SIGINT: finishing the batch, then stopping"),
+                    }
+                    if round > 0 {
+                        log::warn!("second signal: exiting now (the outbox is resent on restart)");
+                        std::process::exit(130);
+                    }
+                    flag.store(true, Ordering::Relaxed);
+                }
+            });
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}

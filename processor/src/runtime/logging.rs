@@ -1,0 +1,81 @@
+//! A small stderr logger for the `log` facade (librdkafka's messages arrive through it too):
+//! `<RFC 3339 UTC time> <LEVEL> <target>: <message>`, level from `AIRLOCK_LOG` (`error`,
+//! `warn`, `info` (default), `debug`, `trace`).
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[derive(Debug)]
+struct Stderr {
+    level: log::LevelFilter,
+}
+
+impl log::Log for Stderr {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= self.level
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let secs = (ms / 1000) as i64;
+        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (y, m, d) = civil_from_days(days);
+        let line = format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z {:5} {}: {}\n",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60,
+            ms % 1000,
+            record.level(),
+            record.target(),
+            record.args()
+        );
+        // A closed stderr is not worth dying for.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {}
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's method).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Installs the logger once; later calls are no-ops.
+pub fn init() {
+    let level = match std::env::var("AIRLOCK_LOG").as_deref() {
+        Ok("error") => log::LevelFilter::Error,
+        Ok("warn") => log::LevelFilter::Warn,
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("trace") => log::LevelFilter::Trace,
+        _ => log::LevelFilter::Info,
+    };
+    if log::set_boxed_logger(Box::new(Stderr { level })).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates_are_right() {
+        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
+        assert_eq!(super::civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+}

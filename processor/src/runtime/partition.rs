@@ -1,0 +1,676 @@
+//! One partition's task in the running processor: input records in, one RocksDB `WriteBatch`
+//! per batch out (state, consumed offsets, outbox), then the outbox records to produce.
+//!
+//! Call order per batch: [`PartitionTask::handle_record`] for each input record (in offset
+//! order), [`PartitionTask::fire_timers`], [`PartitionTask::seal`] (changelog + commit), produce
+//! what `seal` returned, then [`PartitionTask::acknowledged`] for what the broker acknowledged.
+//! Nothing is produced before `seal` made it durable (DESIGN.md section 6).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use airlock_schemas::{
+    AnyRecord, ChangelogRecord, Codec, Decision, InputOffset, Reason, StateTable, Verdict,
+};
+
+use super::partitioner;
+use super::topics::Names;
+use super::wire::{self, OutRecord, header};
+use crate::core::{Core, Effects, Input, TaskContext};
+use crate::store::{self, RocksStore, Store, keys::Table};
+use crate::task::{self, Task};
+
+/// Errors of a partition task: its store or the core broke. Input never causes one.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Task(#[from] task::Error),
+    #[error("partition {partition}: {source}")]
+    Store {
+        partition: i32,
+        #[source]
+        source: store::Error,
+    },
+    #[error("partition {partition}: outbox entry {sequence}: {source}")]
+    Outbox {
+        partition: i32,
+        sequence: u64,
+        #[source]
+        source: wire::DecodeError,
+    },
+    #[error("partition {partition}: encoding {what}: {source}")]
+    Encode {
+        partition: i32,
+        what: &'static str,
+        #[source]
+        source: airlock_schemas::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Meta rows that describe this copy of the state rather than the state: never in the changelog.
+pub const LOCAL_PREFIX: &[u8] = b"local/";
+const META_OUTBOX_NEXT: &[u8] = b"local/outbox_next";
+/// Offset after the last changelog record this store knows the broker holds.
+pub const META_CHANGELOG_NEXT: &[u8] = b"local/changelog_next";
+/// The owner epoch this store last claimed (a changelog row: the next owner reads it).
+pub const META_OWNER_EPOCH: &[u8] = b"owner_epoch";
+
+/// Which input topic a record came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Proposals,
+    Approvals,
+    Outcomes,
+    Control,
+}
+
+/// An input record as the task needs it; `timestamp` is the record's own time, `now` of its
+/// decision (never the wall clock at processing time).
+#[derive(Clone, Copy, Debug)]
+pub struct InputRecord<'a> {
+    pub source: Source,
+    pub topic: &'a str,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub timestamp: i64,
+}
+
+/// Counts of one task, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub inputs: u64,
+    pub dead_lettered: u64,
+    pub decisions: u64,
+    pub dispatches: u64,
+    pub timers: u64,
+}
+
+pub struct PartitionTask {
+    task: Task<RocksStore>,
+    names: Names,
+    codec: Codec,
+    partitions: i32,
+    /// Outbox sequence of the next entry (persisted with each batch).
+    next_outbox: u64,
+    /// Outbox entries staged by the current batch, not yet durable.
+    staged_outbox: Vec<(u64, OutRecord)>,
+    /// Input offsets advanced by the current batch (topic → next offset).
+    staged_offsets: BTreeMap<String, i64>,
+    pub counters: Counters,
+}
+
+impl std::fmt::Debug for PartitionTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionTask")
+            .field("ctx", self.task.context())
+            .field("next_outbox", &self.next_outbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartitionTask {
+    /// Wraps a store whose owner epoch has been claimed (see `restore`).
+    pub fn new(
+        core: Arc<Core>,
+        store: RocksStore,
+        ctx: TaskContext,
+        names: Names,
+        codec: Codec,
+        partitions: i32,
+    ) -> Result<Self> {
+        let partition = ctx.partition;
+        let next_outbox = read_u64(&store, META_OUTBOX_NEXT, partition)?.unwrap_or(0);
+        Ok(PartitionTask {
+            task: Task::new(core, store, ctx)?,
+            names,
+            codec,
+            partitions,
+            next_outbox,
+            staged_outbox: Vec::new(),
+            staged_offsets: BTreeMap::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.task.context().partition
+    }
+
+    pub fn owner_epoch(&self) -> i64 {
+        self.task.context().owner_epoch
+    }
+
+    pub fn store(&self) -> &RocksStore {
+        self.task.store()
+    }
+
+    /// The next offset to consume of `topic` (this partition), as stored with the state.
+    pub fn stored_offset(&self, topic: &str) -> Result<Option<i64>> {
+        stored_offset(self.task.store(), topic, self.partition())
+    }
+
+    /// True when `offset` of `topic` is below the next offset to consume: a redelivery of a
+    /// record whose effects are already in the state (it must not be decided twice).
+    pub fn already_consumed(&self, topic: &str, offset: i64) -> Result<bool> {
+        let next = match self.staged_offsets.get(topic) {
+            Some(next) => Some(*next),
+            None => self.stored_offset(topic)?,
+        };
+        Ok(next.is_some_and(|next| offset < next))
+    }
+
+    /// The next offset to consume of every input topic that has one (group commits, for lag).
+    pub fn positions(&self) -> Result<Vec<(String, i64)>> {
+        Ok(self
+            .current_offsets()?
+            .into_iter()
+            .map(|o| (o.topic, o.offset))
+            .collect())
+    }
+
+    /// Decides one input record, or dead-letters it; stages everything, advances the offset.
+    pub fn handle_record(&mut self, rec: &InputRecord<'_>) -> Result<()> {
+        self.counters.inputs += 1;
+        self.staged_offsets
+            .insert(rec.topic.to_owned(), rec.offset + 1);
+        self.task.store_mut().stage_raw(
+            Table::Offset,
+            rec.topic.as_bytes(),
+            Some((rec.offset + 1).to_be_bytes().to_vec()),
+        );
+        match self.accept(rec) {
+            Ok(input) => {
+                let effects = self.task.handle(&input, rec.timestamp)?;
+                self.stage_effects(effects)
+            }
+            Err(refusal) => self.dead_letter(rec, refusal),
+        }
+    }
+
+    /// Fires due timers through the same path as inputs (bounded per batch).
+    pub fn fire_timers(&mut self, now: i64, limit: usize) -> Result<usize> {
+        let fired = self.task.fire_timers(now, limit)?;
+        let n = fired.len();
+        self.counters.timers += n as u64;
+        for effects in fired {
+            self.stage_effects(effects)?;
+        }
+        Ok(n)
+    }
+
+    /// Appends a CHECKPOINT journal event with the projection hash (audit replays verify it).
+    pub fn checkpoint(&mut self, now: i64) -> Result<()> {
+        let event = self.task.checkpoint(now)?;
+        let effects = Effects {
+            journal: vec![event],
+            ..Effects::default()
+        };
+        self.stage_outputs(&effects)
+    }
+
+    /// True when the current batch staged anything.
+    pub fn is_dirty(&self) -> bool {
+        !self.staged_outbox.is_empty() || self.task.store().staged().next().is_some()
+    }
+
+    /// Turns the batch's state rows into changelog records, stages the outbox, and commits the
+    /// whole batch in one `WriteBatch`. Returns the records to produce, in outbox order.
+    pub fn seal(&mut self, now: i64) -> Result<Vec<(u64, OutRecord)>> {
+        if !self.is_dirty() {
+            return Ok(Vec::new());
+        }
+        let partition = self.partition();
+        let owner_epoch = self.owner_epoch();
+        let changelog_topic = self.names.changelog();
+        // (full store key, table, value) of every changed row that the changelog carries.
+        type Row = (Vec<u8>, StateTable, Option<Vec<u8>>);
+        let rows: Vec<Row> = self
+            .task
+            .store()
+            .staged()
+            .filter_map(|(key, value)| {
+                changelog_table(key).map(|t| (key.to_vec(), t, value.map(<[u8]>::to_vec)))
+            })
+            .collect();
+        let last = rows.len().saturating_sub(1);
+        let mut changelog = Vec::with_capacity(rows.len());
+        for (i, (full_key, table, value)) in rows.into_iter().enumerate() {
+            let id = full_key[1..].to_vec();
+            let input_offsets = if i == last {
+                self.current_offsets()?
+            } else {
+                Vec::new()
+            };
+            let record = ChangelogRecord {
+                partition,
+                owner_epoch,
+                table,
+                key: id,
+                value,
+                input_offsets,
+                written_at: now,
+            };
+            let value =
+                self.codec
+                    .encode_single_object(&record)
+                    .map_err(|source| Error::Encode {
+                        partition,
+                        what: "changelog record",
+                        source,
+                    })?;
+            let id = format!("changelog/{partition}/{}", hex::encode(&full_key));
+            changelog.push(OutRecord {
+                topic: changelog_topic.clone(),
+                partition,
+                key: Some(full_key),
+                value: Some(value),
+                headers: wire::identity("changelog", &id, partition, owner_epoch),
+                phase: 1,
+            });
+        }
+        for r in changelog {
+            self.push_outbox(r);
+        }
+        let out = std::mem::take(&mut self.staged_outbox);
+        let store = self.task.store_mut();
+        for (seq, r) in &out {
+            store.stage_raw(
+                Table::Outbox,
+                &seq.to_be_bytes(),
+                Some(wire::encode_outbox(r)),
+            );
+        }
+        store.stage_raw(
+            Table::Meta,
+            META_OUTBOX_NEXT,
+            Some(self.next_outbox.to_be_bytes().to_vec()),
+        );
+        self.task.commit()?;
+        self.staged_offsets.clear();
+        Ok(out)
+    }
+
+    /// Marks outbox entries done after the broker acknowledged them; `changelog_next` is the
+    /// offset after the last acknowledged changelog record. Staged: lands with the next batch.
+    pub fn acknowledged(&mut self, sequences: &[u64], changelog_next: Option<i64>) {
+        let store = self.task.store_mut();
+        for seq in sequences {
+            store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
+        }
+        if let Some(next) = changelog_next {
+            store.stage_raw(
+                Table::Meta,
+                META_CHANGELOG_NEXT,
+                Some(next.to_be_bytes().to_vec()),
+            );
+        }
+    }
+
+    /// Commits staged bookkeeping (acknowledgements) without a batch of inputs.
+    pub fn commit_bookkeeping(&mut self) -> Result<()> {
+        if self.staged_outbox.is_empty() {
+            self.task.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the uncommitted batch (the partition was revoked mid-batch).
+    pub fn discard(&mut self) -> Result<()> {
+        self.staged_outbox.clear();
+        self.staged_offsets.clear();
+        self.task.discard()?;
+        self.next_outbox =
+            read_u64(self.task.store(), META_OUTBOX_NEXT, self.partition())?.unwrap_or(0);
+        Ok(())
+    }
+
+    fn current_offsets(&self) -> Result<Vec<InputOffset>> {
+        let partition = self.partition();
+        let mut out = Vec::new();
+        for topic in [
+            self.names.proposals(),
+            self.names.approvals(),
+            self.names.outcomes(),
+            self.names.control(),
+        ] {
+            if let Some(offset) = self.stored_offset(&topic)? {
+                out.push(InputOffset {
+                    topic,
+                    partition,
+                    offset,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes and checks an input record: the refusal (reason, detail, the reply's target)
+    /// when it cannot be decided.
+    fn accept(&self, rec: &InputRecord<'_>) -> Result<Input, Refusal> {
+        let Some(payload) = rec.payload else {
+            return Err(Refusal::new(
+                Reason::Malformed,
+                "record has no value (a tombstone)",
+            ));
+        };
+        let decoded = self.codec.decode(payload).map_err(|e| {
+            let reason = match &e {
+                airlock_schemas::Error::PayloadTooLarge { .. } => Reason::Oversized,
+                e if e.is_foreign() => Reason::UnknownSchema,
+                _ => Reason::Malformed,
+            };
+            Refusal::new(reason, e.to_string())
+        })?;
+        let input = match (rec.source, decoded.record) {
+            (Source::Proposals, AnyRecord::ToolProposal(p)) => Input::Proposal(p),
+            (Source::Approvals, AnyRecord::Approval(a)) => Input::Approval(a),
+            (Source::Outcomes, AnyRecord::Outcome(o)) => Input::Outcome(o),
+            (Source::Control, AnyRecord::Control(c)) => Input::Control(c),
+            (_, other) => {
+                return Err(Refusal::new(
+                    Reason::UnknownSchema,
+                    format!(
+                        "a {} record does not belong on topic {}",
+                        other.kind(),
+                        rec.topic
+                    ),
+                ));
+            }
+        };
+        if let Some(operation_key) = input.operation_key() {
+            let reply_to = reply_target(&input);
+            if rec.key != Some(operation_key.as_bytes()) {
+                return Err(Refusal {
+                    reason: Reason::KeyMismatch,
+                    detail: format!(
+                        "the record's Kafka key {:?} is not its operation key {operation_key:?}",
+                        rec.key.map(String::from_utf8_lossy)
+                    ),
+                    reply: reply_to,
+                });
+            }
+            let owner = partitioner::partition_for(operation_key.as_bytes(), self.partitions);
+            if owner != self.partition() {
+                return Err(Refusal {
+                    reason: Reason::KeyMismatch,
+                    detail: format!(
+                        "operation key {operation_key:?} belongs to partition {owner} (murmur2), \
+                         the record arrived on partition {}: the producer does not use the \
+                         murmur2 partitioner",
+                        self.partition()
+                    ),
+                    reply: reply_to,
+                });
+            }
+        }
+        Ok(input)
+    }
+
+    fn dead_letter(&mut self, rec: &InputRecord<'_>, refusal: Refusal) -> Result<()> {
+        self.counters.dead_lettered += 1;
+        let partition = self.partition();
+        let owner_epoch = self.owner_epoch();
+        let id = format!("dlq/{}/{partition}/{}", rec.topic, rec.offset);
+        let mut headers = wire::identity("dlq", &id, partition, owner_epoch);
+        let id = format!("x/{}", &id[4..]);
+        headers.extend([
+            (
+                header::DLQ_REASON.to_owned(),
+                refusal.reason.as_str().as_bytes().to_vec(),
+            ),
+            (
+                header::DLQ_DETAIL.to_owned(),
+                refusal.detail.clone().into_bytes(),
+            ),
+            (
+                header::SOURCE_TOPIC.to_owned(),
+                rec.topic.as_bytes().to_vec(),
+            ),
+            (
+                header::SOURCE_PARTITION.to_owned(),
+                partition.to_string().into_bytes(),
+            ),
+            (
+                header::SOURCE_OFFSET.to_owned(),
+                rec.offset.to_string().into_bytes(),
+            ),
+        ]);
+        self.push_outbox(OutRecord {
+            topic: self.names.dlq(),
+            partition,
+            key: rec.key.map(<[u8]>::to_vec),
+            value: rec.payload.map(<[u8]>::to_vec),
+            headers,
+            phase: 0,
+        });
+        if let Some((in_reply_to, operation_key, run_id)) = refusal.reply {
+            let decision = Decision {
+                // Not `p/<proposal id>`: the same proposal sent again correctly must get its
+                // own decision, not be deduplicated into this refusal.
+                decision_id: id,
+                in_reply_to,
+                operation_key,
+                run_id,
+                verdict: Verdict::Rejected,
+                reason: refusal.reason,
+                detail: refusal.detail,
+                arguments_hash: None,
+                policy_bundle_hash: Some(self.task.core().policy().bundle_hash().to_owned()),
+                epoch: None,
+                state: None,
+                receipt: None,
+                owner_partition: partition,
+                owner_epoch,
+                decided_at: rec.timestamp,
+            };
+            let effects = Effects {
+                decisions: vec![decision],
+                ..Effects::default()
+            };
+            self.stage_outputs(&effects)?;
+        }
+        Ok(())
+    }
+
+    fn stage_effects(&mut self, effects: Effects) -> Result<()> {
+        self.stage_outputs(&effects)
+    }
+
+    /// Encodes the outputs of one input into outbox records (phase 0).
+    fn stage_outputs(&mut self, effects: &Effects) -> Result<()> {
+        let partition = self.partition();
+        let owner_epoch = self.owner_epoch();
+        let encode =
+            |what: &'static str, r: std::result::Result<Vec<u8>, airlock_schemas::Error>| {
+                r.map_err(|source| Error::Encode {
+                    partition,
+                    what,
+                    source,
+                })
+            };
+        let mut out = Vec::new();
+        for d in &effects.dispatches {
+            out.push(OutRecord {
+                topic: self.names.dispatch(&d.connector),
+                partition,
+                key: Some(d.operation_key.as_bytes().to_vec()),
+                value: Some(encode(
+                    "dispatch command",
+                    self.codec.encode_single_object(d),
+                )?),
+                headers: wire::identity("dispatch", &d.command_id, partition, owner_epoch),
+                phase: 0,
+            });
+        }
+        for r in &effects.reconciles {
+            out.push(OutRecord {
+                topic: self.names.dispatch(&r.connector),
+                partition,
+                key: Some(r.operation_key.as_bytes().to_vec()),
+                value: Some(encode(
+                    "reconcile command",
+                    self.codec.encode_single_object(r),
+                )?),
+                headers: wire::identity("reconcile", &r.command_id, partition, owner_epoch),
+                phase: 0,
+            });
+        }
+        for d in &effects.decisions {
+            out.push(OutRecord {
+                topic: self.names.decisions(),
+                partition,
+                key: Some(d.operation_key.as_bytes().to_vec()),
+                value: Some(encode("decision", self.codec.encode_single_object(d))?),
+                headers: wire::identity("decision", &d.decision_id, partition, owner_epoch),
+                phase: 0,
+            });
+        }
+        for j in &effects.journal {
+            out.push(OutRecord {
+                topic: self.names.journal(),
+                partition,
+                key: Some(j.operation_key.as_deref().unwrap_or("").as_bytes().to_vec()),
+                value: Some(encode("journal event", self.codec.encode_single_object(j))?),
+                headers: wire::identity(
+                    "journal",
+                    &format!("journal/{partition}/{}", j.sequence),
+                    partition,
+                    owner_epoch,
+                ),
+                phase: 0,
+            });
+        }
+        self.counters.decisions += effects.decisions.len() as u64;
+        self.counters.dispatches += effects.dispatches.len() as u64;
+        for r in out {
+            self.push_outbox(r);
+        }
+        Ok(())
+    }
+
+    fn push_outbox(&mut self, r: OutRecord) {
+        let seq = self.next_outbox;
+        self.next_outbox += 1;
+        self.staged_outbox.push((seq, r));
+    }
+}
+
+/// Why an input record could not be decided, and to whom a reply is owed when that is known
+/// (input id, operation key, run id).
+#[derive(Debug)]
+struct Refusal {
+    reason: Reason,
+    detail: String,
+    reply: Option<(String, String, Option<String>)>,
+}
+
+impl Refusal {
+    fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            detail: detail.into(),
+            reply: None,
+        }
+    }
+}
+
+fn reply_target(input: &Input) -> Option<(String, String, Option<String>)> {
+    match input {
+        Input::Proposal(p) => Some((
+            p.proposal_id.clone(),
+            p.operation_key.clone(),
+            Some(p.run_id.clone()),
+        )),
+        Input::Approval(a) => Some((a.approval_id.clone(), a.operation_key.clone(), None)),
+        Input::Control(c) => c
+            .operation_key
+            .clone()
+            .map(|k| (c.control_id.clone(), k, c.run_id.clone())),
+        Input::Outcome(_) | Input::Timer(_) => None,
+    }
+}
+
+/// The changelog table of a store key, or `None` for rows that stay local.
+pub fn changelog_table(key: &[u8]) -> Option<StateTable> {
+    match Table::from_prefix(*key.first()?)? {
+        Table::Effect => Some(StateTable::Effect),
+        Table::Proposal => Some(StateTable::Proposal),
+        Table::Run => Some(StateTable::Run),
+        Table::Offset => Some(StateTable::Offset),
+        Table::Meta if !key[1..].starts_with(LOCAL_PREFIX) && &key[1..] != b"projection_hash" => {
+            Some(StateTable::Meta)
+        }
+        Table::Meta | Table::Timer | Table::Outbox => None,
+    }
+}
+
+/// The store table of a changelog table.
+pub fn store_table(t: StateTable) -> Table {
+    match t {
+        StateTable::Effect => Table::Effect,
+        StateTable::Proposal => Table::Proposal,
+        StateTable::Run => Table::Run,
+        StateTable::Offset => Table::Offset,
+        StateTable::Meta => Table::Meta,
+    }
+}
+
+pub fn stored_offset(store: &impl Store, topic: &str, partition: i32) -> Result<Option<i64>> {
+    read_i64(store, Table::Offset, topic.as_bytes(), partition)
+}
+
+pub fn read_u64(store: &impl Store, id: &[u8], partition: i32) -> Result<Option<u64>> {
+    Ok(read_i64(store, Table::Meta, id, partition)?.map(|v| v as u64))
+}
+
+pub fn read_i64(
+    store: &impl Store,
+    table: Table,
+    id: &[u8],
+    partition: i32,
+) -> Result<Option<i64>> {
+    let Some(bytes) = store
+        .get_raw(table, id)
+        .map_err(|source| Error::Store { partition, source })?
+    else {
+        return Ok(None);
+    };
+    let arr: [u8; 8] = bytes.as_slice().try_into().map_err(|_| Error::Store {
+        partition,
+        source: store::Error::Corrupt {
+            table,
+            key: String::from_utf8_lossy(id).into_owned(),
+            detail: format!("{} bytes, expected 8", bytes.len()),
+        },
+    })?;
+    Ok(Some(i64::from_be_bytes(arr)))
+}
+
+/// Every outbox entry not yet acknowledged, in order (produced again after a restart).
+pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<(u64, OutRecord)>> {
+    use crate::store::Backend;
+    let (start, end) = Table::Outbox.range();
+    let rows = store
+        .backend()
+        .scan(&start, &end, usize::MAX)
+        .map_err(|source| Error::Store { partition, source })?;
+    rows.into_iter()
+        .map(|(k, v)| {
+            let seq = k
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            wire::decode_outbox(&v)
+                .map(|r| (seq, r))
+                .map_err(|source| Error::Outbox {
+                    partition,
+                    sequence: seq,
+                    source,
+                })
+        })
+        .collect()
+}

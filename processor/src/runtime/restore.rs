@@ -1,0 +1,444 @@
+//! Gaining a partition (DESIGN.md sections 5 and 6): resend what the local outbox still holds,
+//! decide whether the local state is current, restore it from `airlock.changelog` when it is
+//! missing or behind, claim the next owner epoch, write the fence markers before any other
+//! output, and catch up to the marker.
+//!
+//! Local state is reused only when every changelog record after the position it last knew was
+//! written by its own owner epoch; any record of a later owner means another task decided
+//! inputs this store has not seen, so the store is dropped and rebuilt from the changelog.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_schemas::{ChangelogRecord, Codec};
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::partition::{self, META_CHANGELOG_NEXT, META_OWNER_EPOCH, PartitionTask};
+use super::produce::{self, Producer};
+use super::topics::Names;
+use super::wire::{self, Admit, FenceFilter, OutRecord};
+use crate::core::{Core, TaskContext};
+use crate::store::{self, RocksBackend, RocksOptions, RocksStore, StateStore, Store, keys::Table};
+
+/// Errors of gaining a partition; each names the partition.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("partition {partition}: kafka: {source}")]
+    Kafka {
+        partition: i32,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("partition {partition}: {source}")]
+    Store {
+        partition: i32,
+        #[source]
+        source: store::Error,
+    },
+    #[error(transparent)]
+    Task(#[from] partition::Error),
+    #[error(transparent)]
+    Produce(#[from] produce::Error),
+    #[error("partition {partition}: removing stale state at {path}: {source}")]
+    Wipe {
+        partition: i32,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("partition {partition}: changelog offset {offset} is not a changelog record: {detail}")]
+    Corrupt {
+        partition: i32,
+        offset: i64,
+        detail: String,
+    },
+    #[error(
+        "partition {partition}: no progress reading the changelog at offset {at} (target {until}) for {stalled:?}"
+    )]
+    Stalled {
+        partition: i32,
+        at: i64,
+        until: i64,
+        stalled: Duration,
+    },
+    #[error(
+        "partition {partition}: owner epoch {theirs} was claimed while this task claimed {ours}; \
+         another instance owns the partition"
+    )]
+    Contended {
+        partition: i32,
+        ours: i64,
+        theirs: i64,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What gaining a partition needs; one per processor instance.
+pub struct Claim {
+    pub core: Arc<Core>,
+    pub names: Names,
+    pub codec: Codec,
+    pub partitions: i32,
+    /// Every output topic: each gets a fence marker.
+    pub output_topics: Vec<String>,
+    pub state_dir: PathBuf,
+    pub rocks: RocksOptions,
+    pub producer: Arc<Producer>,
+    /// A group-less consumer that reads the changelog.
+    pub reader: BaseConsumer,
+    /// The instance name, for the journal's task field.
+    pub instance: String,
+    pub stall_timeout: Duration,
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("state_dir", &self.state_dir)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a claim did, for the log.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub resent: usize,
+    pub restored_rows: u64,
+    pub reused_local_state: bool,
+    pub owner_epoch: i64,
+    pub fenced_rows: u64,
+}
+
+impl Claim {
+    /// Takes partition `partition`: returns its task, ready at its stored offsets.
+    pub fn take(&self, partition: i32) -> Result<(PartitionTask, Report)> {
+        let mut report = Report::default();
+        let dir = self.state_dir.join(format!("partition-{partition}"));
+        let mut store = self.open(&dir, partition)?;
+        let local_epoch = self.read_i64(&store, META_OWNER_EPOCH, partition)?;
+
+        // 1. What the last incarnation committed but may not have produced.
+        let pending = partition::pending_outbox(&store, partition)?;
+        report.resent = pending.len();
+        if !pending.is_empty() {
+            let records: Vec<OutRecord> = pending.iter().map(|(_, r)| r.clone()).collect();
+            let acked = self.producer.send_phased(&records)?;
+            for (seq, _) in &pending {
+                store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
+            }
+            if let Some(next) = acked.next_offset(&self.names.changelog(), partition) {
+                store.stage_raw(
+                    Table::Meta,
+                    META_CHANGELOG_NEXT,
+                    Some(next.to_be_bytes().to_vec()),
+                );
+            }
+            store
+                .commit()
+                .map_err(|source| Error::Store { partition, source })?;
+        }
+
+        // 2. Is the local state current?
+        let topic = self.names.changelog();
+        let (low, high) = self
+            .reader
+            .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+            .map_err(|source| Error::Kafka { partition, source })?;
+        let mut filter = FenceFilter::default();
+        let mut max_epoch = local_epoch.unwrap_or(0);
+        let mut stale = local_epoch.is_none();
+        if let Some(local) = local_epoch {
+            let from = self
+                .read_i64(&store, META_CHANGELOG_NEXT, partition)?
+                .unwrap_or(low)
+                .max(low);
+            self.read(partition, from, high, |_, epoch, _| {
+                max_epoch = max_epoch.max(epoch);
+                if epoch > local {
+                    stale = true;
+                }
+                Ok(())
+            })?;
+        }
+        if stale {
+            drop(store);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(|source| Error::Wipe {
+                    partition,
+                    path: dir.clone(),
+                    source,
+                })?;
+            }
+            store = self.open(&dir, partition)?;
+            let started = Instant::now();
+            let mut last_log = Instant::now();
+            let mut applied: u64 = 0;
+            self.read(partition, low, high, |offset, epoch, record| {
+                max_epoch = max_epoch.max(epoch);
+                if let Some(record) = record {
+                    match filter_admit(&mut filter, &topic, partition, epoch, false) {
+                        Admit::Accept => {
+                            apply(&mut store, partition, offset, record)?;
+                            applied += 1;
+                        }
+                        _ => report.fenced_rows += 1,
+                    }
+                } else {
+                    filter_admit(&mut filter, &topic, partition, epoch, true);
+                }
+                if applied > 0 && applied.is_multiple_of(10_000) {
+                    store
+                        .commit()
+                        .map_err(|source| Error::Store { partition, source })?;
+                }
+                if last_log.elapsed() >= Duration::from_secs(2) {
+                    last_log = Instant::now();
+                    log::info!(
+                        "partition {partition}: restoring from {topic}: offset {offset} of {high} \
+                         ({applied} rows, {:.1}s)",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                Ok(())
+            })?;
+            report.restored_rows = applied;
+        } else {
+            report.reused_local_state = true;
+        }
+
+        // 3. Claim the next owner epoch; fence markers go out before any other output.
+        let epoch = max_epoch + 1;
+        report.owner_epoch = epoch;
+        store.stage_raw(
+            Table::Meta,
+            META_OWNER_EPOCH,
+            Some(epoch.to_be_bytes().to_vec()),
+        );
+        store
+            .commit()
+            .map_err(|source| Error::Store { partition, source })?;
+        let markers: Vec<OutRecord> = self
+            .output_topics
+            .iter()
+            .map(|t| OutRecord::fence_marker(t, partition, epoch))
+            .collect();
+        let acked = self.producer.send_phased(&markers)?;
+        let marker_offset = acked
+            .offset_of(&topic, partition)
+            .expect("a fence marker was produced to the changelog");
+
+        // 4. Catch up to our marker: records there came from the old owner before the takeover.
+        let mut applied: u64 = 0;
+        self.read(
+            partition,
+            high,
+            marker_offset + 1,
+            |offset, their, record| {
+                if their > epoch || (their == epoch && record.is_some()) {
+                    return Err(Error::Contended {
+                        partition,
+                        ours: epoch,
+                        theirs: their,
+                    });
+                }
+                match record {
+                    Some(record) => {
+                        if filter_admit(&mut filter, &topic, partition, their, false)
+                            == Admit::Accept
+                        {
+                            apply(&mut store, partition, offset, record)?;
+                            applied += 1;
+                        } else {
+                            report.fenced_rows += 1;
+                        }
+                    }
+                    None => {
+                        if their != epoch {
+                            filter_admit(&mut filter, &topic, partition, their, true);
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        report.restored_rows += applied;
+        store.stage_raw(
+            Table::Meta,
+            META_CHANGELOG_NEXT,
+            Some((marker_offset + 1).to_be_bytes().to_vec()),
+        );
+        store
+            .commit()
+            .map_err(|source| Error::Store { partition, source })?;
+
+        let ctx = TaskContext {
+            partition,
+            owner_epoch: epoch,
+            task: format!("{}/{partition}", self.instance),
+        };
+        let task = PartitionTask::new(
+            self.core.clone(),
+            store,
+            ctx,
+            self.names.clone(),
+            self.codec.clone(),
+            self.partitions,
+        )?;
+        Ok((task, report))
+    }
+
+    fn open(&self, dir: &Path, partition: i32) -> Result<RocksStore> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Wipe {
+            partition,
+            path: dir.to_owned(),
+            source,
+        })?;
+        RocksBackend::open(dir, &self.rocks)
+            .and_then(StateStore::open)
+            .map_err(|source| Error::Store { partition, source })
+    }
+
+    fn read_i64(&self, store: &RocksStore, id: &[u8], partition: i32) -> Result<Option<i64>> {
+        Ok(partition::read_i64(store, Table::Meta, id, partition)?)
+    }
+
+    /// Reads changelog records `from..until` of `partition` in order: `visit(offset, owner
+    /// epoch, record)`, with `record == None` for a fence marker.
+    fn read(
+        &self,
+        partition: i32,
+        from: i64,
+        until: i64,
+        mut visit: impl FnMut(i64, i64, Option<ChangelogRecord>) -> Result<()>,
+    ) -> Result<()> {
+        if from >= until {
+            return Ok(());
+        }
+        let topic = self.names.changelog();
+        let kafka = |source| Error::Kafka { partition, source };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, partition, Offset::Offset(from))
+            .map_err(kafka)?;
+        self.reader.assign(&tpl).map_err(kafka)?;
+        let mut at = from;
+        let mut progress = Instant::now();
+        let result = (|| {
+            while at < until {
+                let Some(message) = self.reader.poll(Duration::from_millis(200)) else {
+                    if progress.elapsed() > self.stall_timeout {
+                        return Err(Error::Stalled {
+                            partition,
+                            at,
+                            until,
+                            stalled: progress.elapsed(),
+                        });
+                    }
+                    continue;
+                };
+                let message = message.map_err(kafka)?;
+                progress = Instant::now();
+                let offset = message.offset();
+                at = offset + 1;
+                if offset >= until {
+                    break;
+                }
+                let mut kind_fence = false;
+                let mut epoch = None;
+                if let Some(headers) = message.headers() {
+                    for h in headers.iter() {
+                        match h.key {
+                            wire::header::KIND => {
+                                kind_fence = h.value == Some(wire::FENCE_KIND.as_bytes());
+                            }
+                            wire::header::OWNER_EPOCH => {
+                                epoch = h
+                                    .value
+                                    .and_then(|v| std::str::from_utf8(v).ok())
+                                    .and_then(|s| s.parse::<i64>().ok());
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                let corrupt = |detail: String| Error::Corrupt {
+                    partition,
+                    offset,
+                    detail,
+                };
+                let epoch =
+                    epoch.ok_or_else(|| corrupt("no airlock-owner-epoch header".to_owned()))?;
+                if kind_fence {
+                    visit(offset, epoch, None)?;
+                    continue;
+                }
+                let payload = message
+                    .payload()
+                    .ok_or_else(|| corrupt("no value".to_owned()))?;
+                let record: ChangelogRecord = self
+                    .codec
+                    .decode_as(payload)
+                    .map_err(|e| corrupt(e.to_string()))?;
+                visit(offset, epoch, Some(record))?;
+            }
+            Ok(())
+        })();
+        self.reader
+            .unassign()
+            .map_err(|source| Error::Kafka { partition, source })?;
+        result
+    }
+}
+
+fn filter_admit(
+    filter: &mut FenceFilter,
+    topic: &str,
+    partition: i32,
+    epoch: i64,
+    marker: bool,
+) -> Admit {
+    let epoch = epoch.to_string();
+    let kind: &[u8] = if marker {
+        wire::FENCE_KIND.as_bytes()
+    } else {
+        b"changelog"
+    };
+    filter.admit(
+        topic,
+        partition,
+        [
+            (wire::header::KIND, kind),
+            (wire::header::OWNER_EPOCH, epoch.as_bytes()),
+        ],
+    )
+}
+
+fn apply(
+    store: &mut RocksStore,
+    partition: i32,
+    offset: i64,
+    record: ChangelogRecord,
+) -> Result<()> {
+    let table = partition::store_table(record.table);
+    let key = table.key(&record.key);
+    if table == Table::Meta && record.key.as_slice() == META_OWNER_EPOCH {
+        // The claim below writes this task's own epoch; an older owner's is history.
+        return Ok(());
+    }
+    store
+        .restore_row(&key, record.value)
+        .map_err(|source| Error::Store { partition, source })
+        .map_err(|e| match e {
+            Error::Store { source, .. } => Error::Corrupt {
+                partition,
+                offset,
+                detail: source.to_string(),
+            },
+            other => other,
+        })
+}

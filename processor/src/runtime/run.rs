@@ -1,0 +1,452 @@
+//! `airlock run`: the processor instance. One consumer group over the four input topics, one
+//! [`PartitionTask`] per partition this instance owns, one batch loop:
+//!
+//! 1. poll up to `batch.max_records` records, or until `batch.flush_interval_ms` passed since
+//!    the first one;
+//! 2. each record goes to its partition's task (decide or dead-letter; offset staged);
+//! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
+//!    RocksDB `WriteBatch` with state, offsets and outbox;
+//! 4. the outbox is produced (phase 0, then the changelog) and waited for; acknowledged
+//!    entries are marked done with the next batch;
+//! 5. the offsets are committed to the group, for lag monitoring only.
+//!
+//! Rebalances happen inside `poll` (step 1), between batches: on assignment each partition is
+//! claimed (`restore`) and the consumer is positioned at the offsets stored with the state; on
+//! revocation the tasks are dropped with whatever they had not sealed, and nothing more leaves
+//! them. The group uses the `range` assignor, which keeps partition `p` of every input topic on
+//! one instance (they all have the same partition count); an assignment that breaks this is
+//! refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use airlock_schemas::Codec;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+
+use super::config::Config;
+use super::partition::{self, InputRecord, PartitionTask, Source};
+use super::produce::{self, Producer};
+use super::restore::{self, Claim};
+use super::topics::{self, Names};
+use super::wire::OutRecord;
+use crate::core::Core;
+use crate::store::RocksOptions;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Topics(#[from] topics::Error),
+    #[error(transparent)]
+    Restore(#[from] restore::Error),
+    #[error(transparent)]
+    Task(#[from] partition::Error),
+    #[error(transparent)]
+    Produce(#[from] produce::Error),
+    #[error("rebalance: {0}")]
+    Rebalance(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What one instance did, reported when it stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub batches: u64,
+    pub inputs: u64,
+    pub dead_lettered: u64,
+    pub produced: u64,
+    pub claims: u64,
+}
+
+struct Shared {
+    tasks: BTreeMap<i32, PartitionTask>,
+    /// A failure inside a rebalance callback, raised by the loop after `poll` returns.
+    fatal: Option<Error>,
+    claims: u64,
+}
+
+struct Ctx {
+    shared: Arc<Mutex<Shared>>,
+    claim: Arc<Claim>,
+    inputs: Vec<String>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let mut shared = lock(&self.shared);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                if let Err(e) = self.assign(consumer, &mut shared, tpl) {
+                    log::error!("taking partitions: {e}");
+                    shared.fatal.get_or_insert(e);
+                    // Own nothing rather than something half-claimed.
+                    shared.tasks.clear();
+                    if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
+                        log::error!("releasing the assignment: {e}");
+                    }
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let revoked: BTreeSet<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                log::info!("partitions {revoked:?} revoked: their tasks stop");
+                // Dropping a task drops its unsealed batch: nothing more leaves it.
+                shared.tasks.clear();
+                if let Err(e) = consumer.unassign() {
+                    log::error!("unassigning: {e}");
+                }
+            }
+            other => {
+                log::error!("rebalance error {other:?}: dropping every task");
+                shared.tasks.clear();
+                if let Err(e) = consumer.unassign() {
+                    log::error!("unassigning: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Ctx {
+    fn assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        shared: &mut Shared,
+        tpl: &TopicPartitionList,
+    ) -> Result<()> {
+        let mut by_partition: BTreeMap<i32, BTreeSet<String>> = BTreeMap::new();
+        for e in tpl.elements() {
+            by_partition
+                .entry(e.partition())
+                .or_default()
+                .insert(e.topic().to_owned());
+        }
+        let all: BTreeSet<String> = self.inputs.iter().cloned().collect();
+        for (p, topics) in &by_partition {
+            if *topics != all {
+                return Err(Error::Rebalance(format!(
+                    "partition {p} was assigned for {topics:?} only; every input topic's \
+                     partition {p} must go to one instance (partition.assignment.strategy=range, \
+                     same partition count everywhere)"
+                )));
+            }
+        }
+        shared.tasks.clear();
+        let mut assignment = TopicPartitionList::new();
+        for &p in by_partition.keys() {
+            let started = Instant::now();
+            let (task, report) = self.claim.take(p)?;
+            shared.claims += 1;
+            log::info!(
+                "partition {p}: owner epoch {} claimed in {:.0?} (local state {}, {} rows \
+                 restored, {} outbox records resent, {} fenced rows skipped)",
+                report.owner_epoch,
+                started.elapsed(),
+                if report.reused_local_state {
+                    "reused"
+                } else {
+                    "rebuilt"
+                },
+                report.restored_rows,
+                report.resent,
+                report.fenced_rows,
+            );
+            for topic in &self.inputs {
+                let offset = match task.stored_offset(topic)? {
+                    Some(o) => Offset::Offset(o),
+                    None => Offset::Beginning,
+                };
+                assignment.add_partition_offset(topic, p, offset)?;
+            }
+            shared.tasks.insert(p, task);
+        }
+        consumer.assign(&assignment)?;
+        Ok(())
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic while holding the lock ends the process anyway; the data is still consistent
+    // because tasks only change through sealed batches.
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Runs one processor instance until `shutdown` is set (then finishes the batch, flushes the
+/// outbox and leaves the group) or a fatal error.
+pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Result<Summary> {
+    let names = Names::new(&config.topics.prefix);
+    let connectors: BTreeSet<String> = core
+        .registry()
+        .tools()
+        .map(|t| t.connector.clone())
+        .collect();
+    let mut output_topics = vec![
+        names.decisions(),
+        names.journal(),
+        names.changelog(),
+        names.dlq(),
+    ];
+    output_topics.extend(connectors.iter().map(|c| names.dispatch(c)));
+    let inputs = vec![
+        names.proposals(),
+        names.approvals(),
+        names.outcomes(),
+        names.control(),
+    ];
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        config.client_config().create()?;
+    let partitions = topics::partition_counts(&admin, Duration::from_secs(30))?;
+    drop(admin);
+    let mut mismatched: Vec<(String, i32)> = Vec::new();
+    for topic in inputs.iter().chain(&output_topics) {
+        match partitions.get(topic) {
+            Some(n) if *n == config.topics.partitions => {}
+            Some(n) => mismatched.push((topic.clone(), *n)),
+            None => mismatched.push((topic.clone(), 0)),
+        }
+    }
+    if !mismatched.is_empty() {
+        return Err(topics::Error::NotCopartitioned {
+            expected: config.topics.partitions,
+            mismatched,
+        }
+        .into());
+    }
+
+    let instance = config.instance();
+    let producer = Arc::new(Producer::new(
+        &config.client_config(),
+        config.processor.linger_ms,
+    )?);
+    let mut reader_config = config.client_config();
+    reader_config
+        .set("group.id", format!("{}-restore", config.group_id()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    let reader: BaseConsumer = reader_config.create()?;
+    let claim = Arc::new(Claim {
+        core: core.clone(),
+        names: names.clone(),
+        codec: Codec::new(),
+        partitions: config.topics.partitions,
+        output_topics,
+        state_dir: config.state.dir.clone(),
+        rocks: RocksOptions {
+            sync: config.state.sync,
+        },
+        producer: producer.clone(),
+        reader,
+        instance: instance.clone(),
+        stall_timeout: Duration::from_secs(60),
+    });
+    let shared = Arc::new(Mutex::new(Shared {
+        tasks: BTreeMap::new(),
+        fatal: None,
+        claims: 0,
+    }));
+    let ctx = Ctx {
+        shared: shared.clone(),
+        claim,
+        inputs: inputs.clone(),
+    };
+    let mut consumer_config = config.client_config();
+    consumer_config
+        .set("group.id", config.group_id())
+        .set("client.id", &instance)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range")
+        .set(
+            "session.timeout.ms",
+            config.processor.session_timeout_ms.to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (config.processor.session_timeout_ms / 4)
+                .max(250)
+                .to_string(),
+        )
+        .set("enable.partition.eof", "false");
+    let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
+    let topic_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    consumer.subscribe(&topic_refs)?;
+    log::info!(
+        "instance {instance}: consuming {topic_refs:?} in group {} ({} partitions)",
+        config.group_id(),
+        config.topics.partitions
+    );
+
+    let sources: BTreeMap<&str, Source> = [
+        (inputs[0].as_str(), Source::Proposals),
+        (inputs[1].as_str(), Source::Approvals),
+        (inputs[2].as_str(), Source::Outcomes),
+        (inputs[3].as_str(), Source::Control),
+    ]
+    .into_iter()
+    .collect();
+    let flush_interval = Duration::from_millis(config.batch.flush_interval_ms.max(1));
+    let checkpoint_every = config.processor.checkpoint_interval_ms as i64;
+    let mut last_checkpoint: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut summary = Summary::default();
+    let mut last_report = Instant::now();
+
+    while !shutdown.load(Ordering::Relaxed) {
+        // 1-2. Collect and decide a batch.
+        let mut handled = 0usize;
+        let mut first: Option<Instant> = None;
+        while handled < config.batch.max_records {
+            let timeout = match first {
+                None => flush_interval,
+                Some(t) => match flush_interval.checked_sub(t.elapsed()) {
+                    Some(left) => left,
+                    None => break,
+                },
+            };
+            let Some(polled) = consumer.poll(timeout) else {
+                break;
+            };
+            if let Some(e) = lock(&shared).fatal.take() {
+                return Err(e);
+            }
+            let message = match polled {
+                Ok(m) => m,
+                Err(e) => {
+                    log::warn!("consumer: {e}");
+                    continue;
+                }
+            };
+            first.get_or_insert_with(Instant::now);
+            let topic = message.topic();
+            let Some(&source) = sources.get(topic) else {
+                continue;
+            };
+            let mut guard = lock(&shared);
+            // A record of a partition revoked during this poll: its next owner reads it from
+            // the offsets stored with the state.
+            let Some(task) = guard.tasks.get_mut(&message.partition()) else {
+                continue;
+            };
+            if task.already_consumed(topic, message.offset())? {
+                continue;
+            }
+            let timestamp = message.timestamp().to_millis().unwrap_or_else(wall_ms);
+            task.handle_record(&InputRecord {
+                source,
+                topic,
+                offset: message.offset(),
+                key: message.key(),
+                payload: message.payload(),
+                timestamp,
+            })?;
+            handled += 1;
+        }
+        if let Some(e) = lock(&shared).fatal.take() {
+            return Err(e);
+        }
+
+        // 3. Timers, checkpoints, seal.
+        let now = wall_ms();
+        let mut out: Vec<(i32, Vec<(u64, OutRecord)>)> = Vec::new();
+        {
+            let mut guard = lock(&shared);
+            for (&p, task) in guard.tasks.iter_mut() {
+                task.fire_timers(now, config.processor.timers_per_batch)?;
+                let last = last_checkpoint.entry(p).or_insert(now);
+                if task.is_dirty() && now - *last >= checkpoint_every {
+                    task.checkpoint(now)?;
+                    *last = now;
+                }
+                let sealed = task.seal(now)?;
+                if !sealed.is_empty() {
+                    out.push((p, sealed));
+                }
+            }
+        }
+
+        // 4. Produce and wait; mark acknowledged.
+        if !out.is_empty() {
+            let records: Vec<OutRecord> = out
+                .iter()
+                .flat_map(|(_, rs)| rs.iter().map(|(_, r)| r.clone()))
+                .collect();
+            let acked = producer.send_phased(&records)?;
+            summary.produced += records.len() as u64;
+            let mut guard = lock(&shared);
+            for (p, sealed) in &out {
+                // The task may have been revoked meanwhile: its next owner resends.
+                if let Some(task) = guard.tasks.get_mut(p) {
+                    let seqs: Vec<u64> = sealed.iter().map(|(s, _)| *s).collect();
+                    task.acknowledged(&seqs, acked.next_offset(&names.changelog(), *p));
+                }
+            }
+        }
+        summary.batches += u64::from(handled > 0);
+        summary.inputs += handled as u64;
+
+        // 5. Group offsets, for lag monitoring only.
+        if handled > 0 {
+            let guard = lock(&shared);
+            let mut tpl = TopicPartitionList::new();
+            for (&p, task) in &guard.tasks {
+                for (topic, offset) in task.positions()? {
+                    tpl.add_partition_offset(&topic, p, Offset::Offset(offset))?;
+                }
+            }
+            drop(guard);
+            if tpl.count() > 0
+                && let Err(e) = consumer.commit(&tpl, CommitMode::Async)
+            {
+                log::debug!("committing group offsets (monitoring only): {e}");
+            }
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            let guard = lock(&shared);
+            let owned: Vec<i32> = guard.tasks.keys().copied().collect();
+            log::info!(
+                "instance {instance}: partitions {owned:?}, {} inputs in {} batches, {} records produced",
+                summary.inputs,
+                summary.batches,
+                summary.produced
+            );
+        }
+    }
+
+    // Graceful stop: everything sealed was produced above; commit the acknowledgements, then
+    // leave the group.
+    log::info!("instance {instance}: stopping");
+    {
+        let mut guard = lock(&shared);
+        for task in guard.tasks.values_mut() {
+            task.commit_bookkeeping()?;
+            summary.dead_lettered += task.counters.dead_lettered;
+        }
+        summary.claims = guard.claims;
+    }
+    consumer.unsubscribe();
+    drop(consumer);
+    producer.flush(Duration::from_secs(30))?;
+    log::info!("instance {instance}: stopped ({summary:?})");
+    Ok(summary)
+}

@@ -1,0 +1,345 @@
+//! What Airlock's output records look like on the wire, beyond their Avro value: the headers
+//! that carry each record's deterministic identity and owner epoch, the owner-epoch fence
+//! markers (DESIGN.md section 5, fence 1), the outbox entry format, and the filter every
+//! consumer of an output partition applies.
+//!
+//! Headers (UTF-8 values):
+//!
+//! | header | on | meaning |
+//! | --- | --- | --- |
+//! | `airlock-kind` | every output | `decision`, `dispatch`, `reconcile`, `journal`, `changelog`, `dlq`, `fence` |
+//! | `airlock-id` | every output | deterministic identity: consumers deduplicate on it |
+//! | `airlock-owner-partition` | every output | the task's partition |
+//! | `airlock-owner-epoch` | every output | the task's owner epoch; a fence marker announces one |
+//! | `airlock-dlq-reason`, `airlock-dlq-detail` | dlq | the refusal's reason code and text |
+//! | `airlock-source-topic`, `-partition`, `-offset` | dlq | where the refused record was read |
+//!
+//! The fence rule: a consumer of an output partition drops every record whose owner epoch is
+//! lower than the highest fence marker it has read in that partition. A zombie task writes
+//! behind the new owner's marker, so whatever it writes is dropped.
+
+use std::collections::HashMap;
+
+/// Header names. Frozen: consumers in other languages read them.
+pub mod header {
+    pub const KIND: &str = "airlock-kind";
+    pub const ID: &str = "airlock-id";
+    pub const OWNER_PARTITION: &str = "airlock-owner-partition";
+    pub const OWNER_EPOCH: &str = "airlock-owner-epoch";
+    pub const DLQ_REASON: &str = "airlock-dlq-reason";
+    pub const DLQ_DETAIL: &str = "airlock-dlq-detail";
+    pub const SOURCE_TOPIC: &str = "airlock-source-topic";
+    pub const SOURCE_PARTITION: &str = "airlock-source-partition";
+    pub const SOURCE_OFFSET: &str = "airlock-source-offset";
+}
+
+/// The value of `airlock-kind` on a fence marker.
+pub const FENCE_KIND: &str = "fence";
+/// The Kafka key prefix of fence markers (`\0airlock-fence/<epoch>`): compacted topics refuse
+/// records without a key, and one key per epoch keeps compaction from removing older markers.
+pub const FENCE_KEY_PREFIX: &str = "\0airlock-fence/";
+
+/// One record to produce, as kept in the outbox until the broker acknowledged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutRecord {
+    pub topic: String,
+    /// Always the task's partition: every topic is co-partitioned.
+    pub partition: i32,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Produce order within a batch: every phase-0 record (decisions, dispatches, journal,
+    /// DLQ) is acknowledged before phase 1 (changelog) is sent, so a changelog that shows a
+    /// batch's state implies its outputs were delivered.
+    pub phase: u8,
+}
+
+impl OutRecord {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// A fence marker announcing `owner_epoch` on `topic`'s partition `partition`.
+    pub fn fence_marker(topic: &str, partition: i32, owner_epoch: i64) -> OutRecord {
+        OutRecord {
+            topic: topic.to_owned(),
+            partition,
+            key: Some(format!("{FENCE_KEY_PREFIX}{owner_epoch}").into_bytes()),
+            value: Some(owner_epoch.to_string().into_bytes()),
+            headers: identity(
+                FENCE_KIND,
+                &format!("fence/{partition}/{owner_epoch}"),
+                partition,
+                owner_epoch,
+            ),
+            phase: 0,
+        }
+    }
+}
+
+/// The four headers every output carries.
+pub fn identity(kind: &str, id: &str, partition: i32, owner_epoch: i64) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (header::KIND.to_owned(), kind.as_bytes().to_vec()),
+        (header::ID.to_owned(), id.as_bytes().to_vec()),
+        (
+            header::OWNER_PARTITION.to_owned(),
+            partition.to_string().into_bytes(),
+        ),
+        (
+            header::OWNER_EPOCH.to_owned(),
+            owner_epoch.to_string().into_bytes(),
+        ),
+    ]
+}
+
+/// An outbox entry that cannot be read back: the store is corrupt.
+#[derive(Debug, thiserror::Error)]
+#[error("outbox entry is corrupt at byte {at}: {what}")]
+pub struct DecodeError {
+    pub at: usize,
+    pub what: &'static str,
+}
+
+const OUTBOX_VERSION: u8 = 1;
+
+/// `[version][phase][partition i32][topic][key?][value?][n headers u32]{[name][value]}`, every
+/// variable field as `u32 length ++ bytes`, optional fields with a presence byte first.
+pub fn encode_outbox(r: &OutRecord) -> Vec<u8> {
+    fn bytes(out: &mut Vec<u8>, b: &[u8]) {
+        out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        out.extend_from_slice(b);
+    }
+    fn opt(out: &mut Vec<u8>, b: Option<&[u8]>) {
+        match b {
+            Some(b) => {
+                out.push(1);
+                bytes(out, b);
+            }
+            None => out.push(0),
+        }
+    }
+    let mut out = Vec::with_capacity(64 + r.value.as_ref().map_or(0, Vec::len));
+    out.push(OUTBOX_VERSION);
+    out.push(r.phase);
+    out.extend_from_slice(&r.partition.to_be_bytes());
+    bytes(&mut out, r.topic.as_bytes());
+    opt(&mut out, r.key.as_deref());
+    opt(&mut out, r.value.as_deref());
+    out.extend_from_slice(&(r.headers.len() as u32).to_be_bytes());
+    for (k, v) in &r.headers {
+        bytes(&mut out, k.as_bytes());
+        bytes(&mut out, v);
+    }
+    out
+}
+
+pub fn decode_outbox(buf: &[u8]) -> Result<OutRecord, DecodeError> {
+    struct Reader<'a> {
+        buf: &'a [u8],
+        at: usize,
+    }
+    impl<'a> Reader<'a> {
+        fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+            let end = self
+                .at
+                .checked_add(n)
+                .filter(|e| *e <= self.buf.len())
+                .ok_or(DecodeError { at: self.at, what })?;
+            let s = &self.buf[self.at..end];
+            self.at = end;
+            Ok(s)
+        }
+        fn u32(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+            let b = self.take(4, what)?;
+            Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        }
+        fn bytes(&mut self, what: &'static str) -> Result<Vec<u8>, DecodeError> {
+            let n = self.u32(what)?;
+            Ok(self.take(n, what)?.to_vec())
+        }
+        fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+            let at = self.at;
+            String::from_utf8(self.bytes(what)?).map_err(|_| DecodeError { at, what })
+        }
+        fn opt(&mut self, what: &'static str) -> Result<Option<Vec<u8>>, DecodeError> {
+            match self.take(1, what)?[0] {
+                0 => Ok(None),
+                1 => self.bytes(what).map(Some),
+                _ => Err(DecodeError { at: self.at, what }),
+            }
+        }
+    }
+    let mut r = Reader { buf, at: 0 };
+    if r.take(1, "version")?[0] != OUTBOX_VERSION {
+        return Err(DecodeError {
+            at: 0,
+            what: "unknown version",
+        });
+    }
+    let phase = r.take(1, "phase")?[0];
+    let p = r.take(4, "partition")?;
+    let partition = i32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+    let topic = r.string("topic")?;
+    let key = r.opt("key")?;
+    let value = r.opt("value")?;
+    let n = r.u32("header count")?;
+    let mut headers = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        headers.push((r.string("header name")?, r.bytes("header value")?));
+    }
+    if r.at != buf.len() {
+        return Err(DecodeError {
+            at: r.at,
+            what: "trailing bytes",
+        });
+    }
+    Ok(OutRecord {
+        topic,
+        partition,
+        key,
+        value,
+        headers,
+        phase,
+    })
+}
+
+/// What a consumer should do with a record read from an output partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// A fence marker: it raised (or repeated) the partition's fence; not a payload.
+    Marker(i64),
+    /// A record of the current owner (or of an older one written before the takeover).
+    Accept,
+    /// A record of an owner whose epoch is behind the partition's fence: a zombie's write.
+    Fenced { owner_epoch: i64, fence: i64 },
+}
+
+/// The consumer side of fence 1: the highest marker read per (topic, partition).
+#[derive(Clone, Debug, Default)]
+pub struct FenceFilter {
+    fences: HashMap<(String, i32), i64>,
+}
+
+impl FenceFilter {
+    /// Classifies one record, given its headers, in the order records are read.
+    pub fn admit<'h>(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        headers: impl IntoIterator<Item = (&'h str, &'h [u8])>,
+    ) -> Admit {
+        let mut kind = None;
+        let mut epoch = None;
+        for (k, v) in headers {
+            match k {
+                header::KIND => kind = Some(v),
+                header::OWNER_EPOCH => {
+                    epoch = std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok());
+                }
+                _ => {}
+            }
+        }
+        // Records without an owner epoch are not Airlock's: nothing to fence.
+        let Some(epoch) = epoch else {
+            return Admit::Accept;
+        };
+        let fence = self
+            .fences
+            .entry((topic.to_owned(), partition))
+            .or_insert(0);
+        if kind == Some(FENCE_KIND.as_bytes()) {
+            *fence = (*fence).max(epoch);
+            return Admit::Marker(epoch);
+        }
+        if epoch < *fence {
+            Admit::Fenced {
+                owner_epoch: epoch,
+                fence: *fence,
+            }
+        } else {
+            Admit::Accept
+        }
+    }
+
+    /// The highest marker read on `topic`'s `partition` (0 before any).
+    pub fn fence(&self, topic: &str, partition: i32) -> i64 {
+        self.fences
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Reads a decimal header value.
+pub fn header_i64(headers: &[(String, Vec<u8>)], name: &str) -> Option<i64> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .and_then(|s| s.parse().ok())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn headers(r: &OutRecord) -> Vec<(&str, &[u8])> {
+        r.headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect()
+    }
+
+    #[test]
+    fn outbox_entries_round_trip_and_refuse_corruption() {
+        let r = OutRecord {
+            topic: "airlock.decisions".into(),
+            partition: 3,
+            key: Some(b"refund:1".to_vec()),
+            value: None,
+            headers: identity("decision", "p/1", 3, 7),
+            phase: 1,
+        };
+        let bytes = encode_outbox(&r);
+        assert_eq!(decode_outbox(&bytes).unwrap(), r);
+        for cut in 0..bytes.len() {
+            assert!(decode_outbox(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode_outbox(&long).is_err());
+    }
+
+    #[test]
+    fn a_zombie_behind_a_newer_marker_is_fenced() {
+        let mut f = FenceFilter::default();
+        let old = OutRecord {
+            topic: "d".into(),
+            partition: 0,
+            key: None,
+            value: None,
+            headers: identity("decision", "x", 0, 1),
+            phase: 0,
+        };
+        assert_eq!(f.admit("d", 0, headers(&old)), Admit::Accept);
+        let m2 = OutRecord::fence_marker("d", 0, 2);
+        assert_eq!(f.admit("d", 0, headers(&m2)), Admit::Marker(2));
+        assert_eq!(
+            f.admit("d", 0, headers(&old)),
+            Admit::Fenced {
+                owner_epoch: 1,
+                fence: 2
+            }
+        );
+        // Other partitions have their own fence.
+        assert_eq!(f.admit("d", 1, headers(&old)), Admit::Accept);
+        assert_eq!(f.fence("d", 0), 2);
+    }
+}

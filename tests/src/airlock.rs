@@ -1,0 +1,347 @@
+//! Airlock on a broker: topics created under a unique prefix, processors run in-process or as
+//! `airlock run` child processes (to be killed, frozen and restarted), producers that partition
+//! like every Airlock client (murmur2), and readers that apply the owner-epoch fence.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use airlock_processor::cli::run::load_core;
+use airlock_processor::runtime::config::Config;
+use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
+use airlock_processor::runtime::run::{self, Summary};
+use airlock_processor::runtime::topics::{self, Names};
+use airlock_processor::runtime::wire::{Admit, FenceFilter, header};
+use airlock_schemas::Codec;
+use anyhow::Context;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+use crate::{Broker, unique_prefix};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A broker with Airlock's topics under a prefix of its own, and a state root for processors.
+pub struct Airlock {
+    pub broker: Broker,
+    pub config: Config,
+    pub names: Names,
+    state_root: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Airlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Airlock")
+            .field("prefix", &self.config.topics.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Airlock {
+    /// Starts a broker and creates every topic with `partitions` partitions.
+    pub async fn start(test: &str, partitions: i32) -> anyhow::Result<Airlock> {
+        let broker = Broker::start().await?;
+        let mut config = Config::default();
+        config.kafka.brokers = broker.bootstrap.clone();
+        config.topics.prefix = unique_prefix(test);
+        config.topics.partitions = partitions;
+        config.processor.session_timeout_ms = 6_000;
+        config.processor.checkpoint_interval_ms = 2_000;
+        config.state.sync = false;
+        let dir = airlock_processor::sample::config_dir();
+        config.tools.registry = dir.join("tools.toml");
+        config.tools.policies = dir.join("policies.cedar");
+        config.tools.entities = dir.join("entities.json");
+        let core = load_core(&config)?;
+        let names = Names::new(&config.topics.prefix);
+        let plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
+        topics::create(&config, &plan, TIMEOUT)
+            .await
+            .context("creating the topics")?;
+        Ok(Airlock {
+            broker,
+            config,
+            names,
+            state_root: tempfile::tempdir()?,
+        })
+    }
+
+    /// The configuration of processor instance `instance` (its own state directory).
+    pub fn instance_config(&self, instance: &str) -> Config {
+        let mut c = self.config.clone();
+        c.processor.instance = instance.to_owned();
+        c.state.dir = self.state_dir(instance);
+        c
+    }
+
+    pub fn state_dir(&self, instance: &str) -> PathBuf {
+        self.state_root.path().join(instance)
+    }
+
+    /// An in-process processor instance (fast tests; stopped gracefully).
+    pub fn spawn(&self, instance: &str) -> anyhow::Result<InProcess> {
+        let config = self.instance_config(instance);
+        let core = Arc::new(load_core(&config)?);
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let flag = shutdown.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("airlock-{instance}"))
+            .spawn(move || run::run(&config, core, flag).map_err(anyhow::Error::from))?;
+        Ok(InProcess {
+            handle: Some(handle),
+            shutdown,
+        })
+    }
+
+    /// An `airlock run` child process (to be killed with SIGKILL, frozen with SIGSTOP).
+    pub fn spawn_process(&self, instance: &str, log: &Path) -> anyhow::Result<Child> {
+        let config = self.instance_config(instance);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        Command::new(airlock_binary()?)
+            .arg("run")
+            .env("AIRLOCK_KAFKA_BROKERS", &config.kafka.brokers)
+            .env("AIRLOCK_TOPICS_PREFIX", &config.topics.prefix)
+            .env(
+                "AIRLOCK_TOPICS_PARTITIONS",
+                config.topics.partitions.to_string(),
+            )
+            .env("AIRLOCK_STATE_DIR", &config.state.dir)
+            .env("AIRLOCK_STATE_SYNC", config.state.sync.to_string())
+            .env("AIRLOCK_INSTANCE", instance)
+            .env(
+                "AIRLOCK_SESSION_TIMEOUT_MS",
+                config.processor.session_timeout_ms.to_string(),
+            )
+            .env("AIRLOCK_REGISTRY", &config.tools.registry)
+            .env("AIRLOCK_POLICIES", &config.tools.policies)
+            .env("AIRLOCK_ENTITIES", &config.tools.entities)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("starting `airlock run`")
+    }
+
+    /// A producer that partitions like every Airlock client.
+    pub fn producer(&self) -> anyhow::Result<FutureProducer> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", &self.config.kafka.brokers)
+            .set("partitioner", LIBRDKAFKA_PARTITIONER)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()?)
+    }
+
+    /// Produces one Airlock record (single-object encoding), keyed by `key`.
+    pub async fn send<T: airlock_schemas::Record>(
+        &self,
+        producer: &FutureProducer,
+        topic: &str,
+        key: &str,
+        value: &T,
+    ) -> anyhow::Result<()> {
+        let payload = Codec::new().encode_single_object(value)?;
+        self.send_raw(producer, topic, Some(key.as_bytes()), &payload)
+            .await
+    }
+
+    pub async fn send_raw(
+        &self,
+        producer: &FutureProducer,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+    ) -> anyhow::Result<()> {
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(payload);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        let record = record.headers(OwnedHeaders::new().insert(Header {
+            key: "test",
+            value: Some("1"),
+        }));
+        producer
+            .send(record, TIMEOUT)
+            .await
+            .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+        Ok(())
+    }
+
+    /// Every record of `topic` up to its current end, in partition order, with the fence
+    /// verdict of each.
+    pub fn read_topic(&self, topic: &str) -> anyhow::Result<Vec<Read>> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.config.kafka.brokers)
+            .set("group.id", format!("{}reader", self.config.topics.prefix))
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        let mut ends = Vec::new();
+        for p in 0..self.config.topics.partitions {
+            let (low, high) = consumer.fetch_watermarks(topic, p, TIMEOUT)?;
+            if high > low {
+                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+                ends.push((p, high));
+            }
+        }
+        let mut out = Vec::new();
+        if ends.is_empty() {
+            return Ok(out);
+        }
+        consumer.assign(&tpl)?;
+        let mut filter = FenceFilter::default();
+        let mut done = std::collections::BTreeMap::new();
+        let deadline = Instant::now() + TIMEOUT;
+        while done.len() < ends.len() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "reading {topic}: timed out with {} of {} partitions read",
+                done.len(),
+                ends.len()
+            );
+            let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let m = m?;
+            let end = ends
+                .iter()
+                .find(|(p, _)| *p == m.partition())
+                .map_or(0, |(_, h)| *h);
+            if m.offset() >= end {
+                done.insert(m.partition(), ());
+                continue;
+            }
+            let headers: Vec<(String, Vec<u8>)> = m
+                .headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let admit = filter.admit(
+                topic,
+                m.partition(),
+                headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+            );
+            out.push(Read {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers,
+                admit,
+            });
+            if m.offset() + 1 >= end {
+                done.insert(m.partition(), ());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The accepted (not fenced, not marker) records of `topic`, deduplicated on `airlock-id`
+    /// (the first copy kept), decoded as `T`.
+    pub fn read_deduplicated<T: airlock_schemas::Record>(
+        &self,
+        topic: &str,
+    ) -> anyhow::Result<Vec<T>> {
+        let codec = Codec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for r in self.read_topic(topic)? {
+            if r.admit != Admit::Accept {
+                continue;
+            }
+            let id = r.header(header::ID).unwrap_or_default().to_vec();
+            if !seen.insert(id) {
+                continue;
+            }
+            let value = r.value.as_deref().unwrap_or_default();
+            out.push(codec.decode_as(value)?);
+        }
+        Ok(out)
+    }
+}
+
+/// One record read back.
+#[derive(Clone, Debug)]
+pub struct Read {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub admit: Admit,
+}
+
+impl Read {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.header(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// A processor running on a thread of the test process.
+#[derive(Debug)]
+pub struct InProcess {
+    handle: Option<JoinHandle<anyhow::Result<Summary>>>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl InProcess {
+    /// Asks for a graceful stop and waits for it (bounded).
+    pub fn stop(mut self) -> anyhow::Result<Summary> {
+        self.shutdown.store(true, Ordering::Relaxed);
+        let handle = self.handle.take().expect("stopped once");
+        let deadline = Instant::now() + TIMEOUT;
+        while !handle.is_finished() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "processor did not stop in {TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("processor thread panicked"))?
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The `airlock` binary built with the workspace (next to the test executable's directory).
+pub fn airlock_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no parent directory")?;
+    let bin = dir.join("airlock");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p airlock-processor --bin airlock`",
+        bin.display()
+    );
+    Ok(bin)
+}

@@ -1,0 +1,110 @@
+//! The workload of the crash, rebalance and zombie tests, and the reference it is checked
+//! against: the same proposals, in the order the broker holds them, decided by the same core
+//! over an in-memory store without any interruption.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use airlock_processor::cli::run::load_core;
+use airlock_processor::core::{Input, TaskContext};
+use airlock_processor::sample;
+use airlock_processor::store::{MemoryBackend, StateStore};
+use airlock_processor::task::Task;
+use airlock_schemas::{Codec, ToolProposal, Verdict};
+
+use crate::airlock::Airlock;
+
+/// A small deterministic generator (no randomness crate needed for a test's schedule).
+#[derive(Debug)]
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// `n` refund proposals: 30% duplicates (the same message again or a blind retry under a new
+/// id), 5% changed arguments under an existing key, the rest fresh keys.
+pub fn proposals(n: usize, now: i64, rng: &mut Lcg) -> Vec<ToolProposal> {
+    let mut out: Vec<ToolProposal> = Vec::with_capacity(n);
+    let mut fresh = 0usize;
+    while out.len() < n {
+        let roll = rng.below(100);
+        if roll < 30 && fresh > 0 {
+            // A duplicate: the same message again, or a blind retry under a new id.
+            let k = rng.below(fresh as u64) as usize;
+            let base = sample::refund(&format!("refund:c{k}"), 1_000, now);
+            out.push(if rng.below(2) == 0 {
+                base
+            } else {
+                sample::resend(&base, out.len() as u32)
+            });
+        } else if roll < 35 && fresh > 0 {
+            let k = rng.below(fresh as u64) as usize;
+            let mut changed = sample::refund(&format!("refund:c{k}"), 2_000, now);
+            changed.proposal_id = format!("changed-{}", out.len());
+            out.push(changed);
+        } else {
+            out.push(sample::refund(&format!("refund:c{fresh}"), 1_000, now));
+            fresh += 1;
+        }
+    }
+    out
+}
+
+/// What an uninterrupted run decided.
+#[derive(Debug, Default)]
+pub struct Reference {
+    /// The first verdict given to each proposal id.
+    pub verdicts: BTreeMap<String, Verdict>,
+    /// Every (operation key, attempt epoch) dispatched.
+    pub dispatches: BTreeSet<(String, i64)>,
+}
+
+/// The verdict of every proposal id and the set of (operation key, attempt epoch) dispatched
+/// by an uninterrupted run over the proposals topic as it stands.
+pub fn reference(a: &Airlock) -> anyhow::Result<Reference> {
+    let core = Arc::new(load_core(&a.instance_config("reference"))?);
+    let codec = Codec::new();
+    let mut tasks = BTreeMap::new();
+    let mut verdicts = BTreeMap::new();
+    let mut dispatches = BTreeSet::new();
+    for r in a.read_topic(&a.names.proposals())? {
+        let task = match tasks.entry(r.partition) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let ctx = TaskContext {
+                    partition: r.partition,
+                    owner_epoch: 1,
+                    task: "reference".to_owned(),
+                };
+                e.insert(Task::new(
+                    core.clone(),
+                    StateStore::open(MemoryBackend::default())?,
+                    ctx,
+                )?)
+            }
+        };
+        let p: ToolProposal = codec.decode_as(r.value.as_deref().unwrap_or_default())?;
+        let effects = task.handle(&Input::Proposal(p.clone()), p.proposed_at)?;
+        task.commit()?;
+        for d in effects.decisions {
+            verdicts.entry(d.in_reply_to).or_insert(d.verdict);
+        }
+        for d in effects.dispatches {
+            dispatches.insert((d.operation_key, d.epoch));
+        }
+    }
+    Ok(Reference {
+        verdicts,
+        dispatches,
+    })
+}

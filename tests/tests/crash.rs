@@ -1,0 +1,122 @@
+//! Crashes under load: `airlock run` is killed with SIGKILL at random moments while proposals
+//! (30% duplicates, 5% changed arguments) flow, and restarted each time. Afterwards every
+//! proposal has a decision, and after consumer-side dedup the verdicts and the dispatches are
+//! those of an uninterrupted run of the same input (the proposals as the broker ordered them,
+//! decided by the same core over an in-memory store).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::runtime::wire::Admit;
+use airlock_schemas::{Decision, DispatchCommand};
+use airlock_tests::airlock::Airlock;
+use airlock_tests::eventually;
+use airlock_tests::workload::{self, Lcg};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyhow::Result<()> {
+    let n: usize = std::env::var("AIRLOCK_CRASH_PROPOSALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let kills = 5;
+    let a = Airlock::start("crash", 3).await?;
+    let log = std::env::temp_dir().join(format!("airlock-crash-{}.log", std::process::id()));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let mut rng = Lcg(0x5eed);
+    let proposals = workload::proposals(n, now, &mut rng);
+    let distinct: BTreeSet<String> = proposals.iter().map(|p| p.proposal_id.clone()).collect();
+
+    let mut child = a.spawn_process("p1", &log)?;
+    let producer = a.producer()?;
+    let topic = a.names.proposals();
+    let a = Arc::new(a);
+    let sender = {
+        let a = a.clone();
+        let proposals = proposals.clone();
+        tokio::spawn(async move {
+            for chunk in proposals.chunks(200) {
+                for p in chunk {
+                    a.send(&producer, &topic, &p.operation_key, p).await?;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let started = Instant::now();
+    for i in 0..kills {
+        tokio::time::sleep(Duration::from_millis(700 + rng.below(1_500))).await;
+        child.kill()?;
+        child.wait()?;
+        eprintln!("kill {} at {:.1?}", i + 1, started.elapsed());
+        child = a.spawn_process("p1", &log)?;
+    }
+    sender.await??;
+
+    let decided = eventually(
+        "a decision for every proposal",
+        Duration::from_secs(240),
+        async || {
+            let d: BTreeMap<String, Decision> = a
+                .read_deduplicated::<Decision>(&a.names.decisions())?
+                .into_iter()
+                .map(|d| (d.in_reply_to.clone(), d))
+                .collect();
+            Ok(distinct.iter().all(|id| d.contains_key(id)).then_some(d))
+        },
+    )
+    .await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let decided = match decided {
+        Ok(d) => d,
+        Err(e) => {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(40).collect();
+            panic!(
+                "{e}\nprocessor log (last lines, newest first):\n{}",
+                tail.join("\n")
+            );
+        }
+    };
+
+    // The uninterrupted run: the proposals in broker order, per partition, through the core.
+    let workload::Reference {
+        verdicts: expected,
+        dispatches: expected_dispatches,
+    } = workload::reference(&a)?;
+    for (id, verdict) in &expected {
+        assert_eq!(decided[id].verdict, *verdict, "proposal {id}");
+    }
+
+    let raw = a.read_topic(&a.names.dispatch("ledger"))?;
+    let fenced = raw
+        .iter()
+        .filter(|r| matches!(r.admit, Admit::Fenced { .. }))
+        .count();
+    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    let got: BTreeSet<(String, i64)> = dispatches
+        .iter()
+        .map(|d| (d.operation_key.clone(), d.epoch))
+        .collect();
+    assert_eq!(
+        got.len(),
+        dispatches.len(),
+        "one dispatch per key and epoch after dedup"
+    );
+    assert_eq!(got, expected_dispatches);
+    eprintln!(
+        "{n} proposals ({} distinct), {} dispatches, {} raw dispatch records, {fenced} fenced, {kills} kills, {:.1?}",
+        distinct.len(),
+        dispatches.len(),
+        raw.len(),
+        started.elapsed()
+    );
+    Ok(())
+}

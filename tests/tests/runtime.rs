@@ -1,0 +1,177 @@
+//! `airlock run` against a real broker: a proposal becomes exactly one dispatch and one
+//! decision, duplicates and changed arguments are answered, bad records land in the DLQ, and
+//! state survives a restart and the loss of the state directory.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::runtime::wire::{Admit, header};
+use airlock_processor::sample;
+use airlock_schemas::{Decision, DispatchCommand, Reason, Verdict};
+use airlock_tests::airlock::Airlock;
+use airlock_tests::eventually;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn decisions_by_reply(a: &Airlock) -> anyhow::Result<BTreeMap<String, Decision>> {
+    Ok(a.read_deduplicated::<Decision>(&a.names.decisions())?
+        .into_iter()
+        .map(|d| (d.in_reply_to.clone(), d))
+        .collect())
+}
+
+async fn await_decisions(a: &Airlock, n: usize) -> anyhow::Result<BTreeMap<String, Decision>> {
+    eventually(&format!("{n} decisions"), WAIT, async || {
+        let d = decisions_by_reply(a)?;
+        Ok((d.len() >= n).then_some(d))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_dispatches_once_and_every_reply_and_refusal_is_emitted() -> anyhow::Result<()> {
+    let a = Airlock::start("run-basic", 3).await?;
+    let processor = a.spawn("p1")?;
+    let producer = a.producer()?;
+    let proposals = a.names.proposals();
+    let now = now_ms();
+
+    let first = sample::refund("refund:txn_1", 2_500, now);
+    a.send(&producer, &proposals, &first.operation_key, &first)
+        .await?;
+    let d = await_decisions(&a, 1).await?;
+    assert_eq!(d[&first.proposal_id].verdict, Verdict::Accepted, "{d:?}");
+
+    // The same message again (producer resend), a blind retry, and changed arguments.
+    a.send(&producer, &proposals, &first.operation_key, &first)
+        .await?;
+    let retry = sample::resend(&first, 1);
+    a.send(&producer, &proposals, &retry.operation_key, &retry)
+        .await?;
+    let mut changed = sample::refund("refund:txn_1", 9_900, now);
+    changed.proposal_id = "prop-changed".to_owned();
+    a.send(&producer, &proposals, &changed.operation_key, &changed)
+        .await?;
+
+    // Bad records: garbage, a proposal under the wrong Kafka key, a foreign fingerprint.
+    a.send_raw(
+        &producer,
+        &proposals,
+        Some(b"refund:txn_x"),
+        b"\xc3\x01garbage",
+    )
+    .await?;
+    let mut wrong_key = sample::refund("refund:txn_2", 100, now);
+    wrong_key.proposal_id = "prop-wrong-key".to_owned();
+    a.send(&producer, &proposals, "refund:txn_other", &wrong_key)
+        .await?;
+    a.send_raw(&producer, &proposals, Some(b"k"), b"{\"json\":true}")
+        .await?;
+
+    let d = await_decisions(&a, 4).await?;
+    assert_eq!(d[&retry.proposal_id].verdict, Verdict::InProgress, "{d:?}");
+    assert_eq!(d[&changed.proposal_id].verdict, Verdict::Conflict, "{d:?}");
+    assert_eq!(
+        d[&wrong_key.proposal_id].reason,
+        Reason::KeyMismatch,
+        "{d:?}"
+    );
+
+    let dlq = eventually("3 dead letters", WAIT, async || {
+        let r = a.read_topic(&a.names.dlq())?;
+        let r: Vec<_> = r.into_iter().filter(|r| r.admit == Admit::Accept).collect();
+        Ok((r.len() >= 3).then_some(r))
+    })
+    .await?;
+    let reasons: Vec<&str> = dlq
+        .iter()
+        .map(|r| r.header_str(header::DLQ_REASON).unwrap())
+        .collect();
+    assert!(reasons.contains(&"MALFORMED"), "{reasons:?}");
+    assert!(reasons.contains(&"KEY_MISMATCH"), "{reasons:?}");
+    assert!(reasons.contains(&"UNKNOWN_SCHEMA"), "{reasons:?}");
+    for r in &dlq {
+        assert_eq!(r.header_str(header::SOURCE_TOPIC), Some(proposals.as_str()));
+        assert!(r.header_str(header::SOURCE_OFFSET).is_some());
+        assert!(r.value.is_some(), "the original bytes are kept");
+    }
+
+    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    assert_eq!(dispatches.len(), 1, "{dispatches:?}");
+    assert_eq!(dispatches[0].operation_key, first.operation_key);
+    assert_eq!(dispatches[0].epoch, 1);
+
+    // Every output partition the task wrote opens with its fence marker.
+    let raw = a.read_topic(&a.names.decisions())?;
+    let first_on_partition = raw
+        .iter()
+        .find(|r| r.partition == dispatches[0].owner_partition);
+    assert!(
+        matches!(first_on_partition.map(|r| r.admit), Some(Admit::Marker(_))),
+        "{first_on_partition:?}"
+    );
+
+    let summary = processor.stop()?;
+    assert!(summary.inputs >= 7, "{summary:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
+    let a = Airlock::start("run-restore", 2).await?;
+    let producer = a.producer()?;
+    let proposals = a.names.proposals();
+    let now = now_ms();
+    let keys: Vec<String> = (0..20).map(|i| format!("refund:r{i}")).collect();
+
+    let p1 = a.spawn("p1")?;
+    for k in &keys {
+        let p = sample::refund(k, 1_000, now);
+        a.send(&producer, &proposals, k, &p).await?;
+    }
+    await_decisions(&a, keys.len()).await?;
+    p1.stop()?;
+
+    // Same disk: the blind retries are IN_PROGRESS, not new dispatches.
+    let p1 = a.spawn("p1")?;
+    for k in &keys[..10] {
+        let p = sample::resend(&sample::refund(k, 1_000, now), 1);
+        a.send(&producer, &proposals, k, &p).await?;
+    }
+    let d = await_decisions(&a, keys.len() + 10).await?;
+    p1.stop()?;
+
+    // Lost disk: the state comes back from the changelog.
+    std::fs::remove_dir_all(a.state_dir("p1"))?;
+    let p1 = a.spawn("p1")?;
+    for k in &keys[10..] {
+        let p = sample::resend(&sample::refund(k, 1_000, now), 1);
+        a.send(&producer, &proposals, k, &p).await?;
+    }
+    let d2 = await_decisions(&a, keys.len() + 20).await?;
+    p1.stop()?;
+
+    for (reply, decision) in &d {
+        assert_eq!(d2[reply].verdict, decision.verdict, "{reply}");
+    }
+    let retries: Vec<&Decision> = d2
+        .values()
+        .filter(|d| d.in_reply_to.ends_with("-retry1"))
+        .collect();
+    assert_eq!(retries.len(), 20);
+    assert!(
+        retries.iter().all(|d| d.verdict == Verdict::InProgress),
+        "{retries:?}"
+    );
+    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    assert_eq!(dispatches.len(), keys.len());
+    Ok(())
+}
