@@ -152,6 +152,50 @@ impl Airlock {
             .await
     }
 
+    /// Produces many records concurrently (all enqueued, then all awaited), in order per key.
+    pub async fn send_many<T: airlock_schemas::Record>(
+        &self,
+        producer: &FutureProducer,
+        topic: &str,
+        values: &[T],
+        key_of: impl Fn(&T) -> &str,
+    ) -> anyhow::Result<()> {
+        let codec = Codec::new();
+        let mut pending = Vec::with_capacity(values.len());
+        for v in values {
+            let payload = codec.encode_single_object(v)?;
+            let key = key_of(v).to_owned();
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
+                .key(key.as_str())
+                .payload(payload.as_slice());
+            // Enqueued now (the future does not borrow the record); a full queue is waited out.
+            let delivery = loop {
+                match producer.send_result(record) {
+                    Ok(d) => break d,
+                    Err((e, back)) => {
+                        anyhow::ensure!(
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
+                            "producing to {topic}: {e}"
+                        );
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            };
+            pending.push(delivery);
+        }
+        for d in pending {
+            d.await?
+                .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+
     pub async fn send_raw(
         &self,
         producer: &FutureProducer,

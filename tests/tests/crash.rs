@@ -38,9 +38,8 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         let proposals = proposals.clone();
         tokio::spawn(async move {
             for chunk in proposals.chunks(200) {
-                for p in chunk {
-                    a.send(&producer, &topic, &p.operation_key, p).await?;
-                }
+                a.send_many(&producer, &topic, chunk, |p| p.operation_key.as_str())
+                    .await?;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             anyhow::Ok(())

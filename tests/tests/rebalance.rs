@@ -61,9 +61,8 @@ async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Re
         let a = a.clone();
         tokio::spawn(async move {
             for chunk in proposals.chunks(100) {
-                for p in chunk {
-                    a.send(&producer, &topic, &p.operation_key, p).await?;
-                }
+                a.send_many(&producer, &topic, chunk, |p| p.operation_key.as_str())
+                    .await?;
                 tokio::time::sleep(Duration::from_millis(40)).await;
             }
             anyhow::Ok(())

@@ -6,8 +6,10 @@
 //! - [`check`]: `airlock check` loads a tool registry and a policy bundle and reports them.
 //! - [`topics`]: `airlock topics create` creates the co-partitioned topics.
 //! - [`run`]: `airlock run`, one processor instance.
+//! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
 
 pub mod check;
+pub mod fleet;
 pub mod hash;
 pub mod run;
 pub mod topics;
@@ -33,6 +35,8 @@ pub enum Command {
     Topics(topics::Args),
     /// Run a processor instance (consumer group member) until SIGTERM/SIGINT.
     Run(run::Args),
+    /// Publish the seed scenarios as a demo agent fleet and report their decisions.
+    Fleet(fleet::Args),
 }
 
 impl Cli {
@@ -42,6 +46,7 @@ impl Cli {
             Command::Check(args) => check::run(&args, &mut std::io::stdout().lock()),
             Command::Topics(args) => topics::run(&args, &mut std::io::stdout().lock()),
             Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
+            Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }
