@@ -15,7 +15,7 @@ use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
 use airlock_processor::runtime::run::{self, Summary};
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{Admit, FenceFilter, header};
-use airlock_schemas::Codec;
+use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -51,9 +51,12 @@ impl Airlock {
         config.topics.prefix = unique_prefix(test);
         config.topics.partitions = partitions;
         config.processor.session_timeout_ms = 6_000;
+        // tansu waits this long for a crashed member during a rebalance.
+        config.processor.max_poll_interval_ms = 10_000;
         config.processor.checkpoint_interval_ms = 2_000;
         config.state.sync = false;
-        let dir = airlock_processor::sample::config_dir();
+        let state_root = tempfile::tempdir()?;
+        let dir = reference_config_without_attempt_timeouts(state_root.path())?;
         config.tools.registry = dir.join("tools.toml");
         config.tools.policies = dir.join("policies.cedar");
         config.tools.entities = dir.join("entities.json");
@@ -67,7 +70,7 @@ impl Airlock {
             broker,
             config,
             names,
-            state_root: tempfile::tempdir()?,
+            state_root,
         })
     }
 
@@ -85,6 +88,7 @@ impl Airlock {
 
     /// An in-process processor instance (fast tests; stopped gracefully).
     pub fn spawn(&self, instance: &str) -> anyhow::Result<InProcess> {
+        airlock_processor::runtime::logging::init();
         let config = self.instance_config(instance);
         let core = Arc::new(load_core(&config)?);
         let shutdown = Arc::new(AtomicBool::new(false));
@@ -98,8 +102,14 @@ impl Airlock {
         })
     }
 
-    /// An `airlock run` child process (to be killed with SIGKILL, frozen with SIGSTOP).
-    pub fn spawn_process(&self, instance: &str, log: &Path) -> anyhow::Result<Child> {
+    /// An `airlock run` child process (to be killed with SIGKILL, frozen with SIGSTOP) in the
+    /// consumer group `group`.
+    ///
+    /// tansu 0.6 never evicts a member that died without leaving (SIGKILL, or frozen past its
+    /// session timeout): the group's next rebalance waits for it forever. A replacement after a
+    /// crash therefore joins a fresh group; Airlock keeps its offsets with its state, not in the
+    /// group, so this changes only who is assigned what.
+    pub fn spawn_process(&self, instance: &str, group: &str, log: &Path) -> anyhow::Result<Child> {
         let config = self.instance_config(instance);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -117,8 +127,16 @@ impl Airlock {
             .env("AIRLOCK_STATE_SYNC", config.state.sync.to_string())
             .env("AIRLOCK_INSTANCE", instance)
             .env(
+                "AIRLOCK_GROUP_ID",
+                format!("{}{group}", config.topics.prefix),
+            )
+            .env(
                 "AIRLOCK_SESSION_TIMEOUT_MS",
                 config.processor.session_timeout_ms.to_string(),
+            )
+            .env(
+                "AIRLOCK_MAX_POLL_INTERVAL_MS",
+                config.processor.max_poll_interval_ms.to_string(),
             )
             .env("AIRLOCK_REGISTRY", &config.tools.registry)
             .env("AIRLOCK_POLICIES", &config.tools.policies)
@@ -219,48 +237,48 @@ impl Airlock {
     }
 
     /// Every record of `topic` up to its current end, in partition order, with the fence
-    /// verdict of each.
+    /// verdict of each. The end is the high watermark and then a quiet period: tansu 0.6 can
+    /// report a high watermark inside the last produced batch.
     pub fn read_topic(&self, topic: &str) -> anyhow::Result<Vec<Read>> {
+        const QUIET: Duration = Duration::from_millis(400);
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.config.kafka.brokers)
             .set("group.id", format!("{}reader", self.config.topics.prefix))
             .set("enable.auto.commit", "false")
             .create()?;
         let mut tpl = TopicPartitionList::new();
-        let mut ends = Vec::new();
+        let mut ends = std::collections::BTreeMap::new();
         for p in 0..self.config.topics.partitions {
             let (low, high) = consumer.fetch_watermarks(topic, p, TIMEOUT)?;
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
             if high > low {
-                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
-                ends.push((p, high));
+                ends.insert(p, high);
             }
         }
-        let mut out = Vec::new();
-        if ends.is_empty() {
-            return Ok(out);
-        }
         consumer.assign(&tpl)?;
+        let mut out = Vec::new();
         let mut filter = FenceFilter::default();
-        let mut done = std::collections::BTreeMap::new();
         let deadline = Instant::now() + TIMEOUT;
-        while done.len() < ends.len() {
+        let mut last = Instant::now();
+        loop {
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "reading {topic}: timed out with {} of {} partitions read",
-                done.len(),
+                "reading {topic}: timed out with {} partitions short of their end",
                 ends.len()
             );
-            let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            let Some(m) = consumer.poll(Duration::from_millis(50)) else {
+                if ends.is_empty() && last.elapsed() >= QUIET {
+                    break;
+                }
                 continue;
             };
             let m = m?;
-            let end = ends
-                .iter()
-                .find(|(p, _)| *p == m.partition())
-                .map_or(0, |(_, h)| *h);
-            if m.offset() >= end {
-                done.insert(m.partition(), ());
-                continue;
+            last = Instant::now();
+            if ends
+                .get(&m.partition())
+                .is_some_and(|end| m.offset() + 1 >= *end)
+            {
+                ends.remove(&m.partition());
             }
             let headers: Vec<(String, Vec<u8>)> = m
                 .headers()
@@ -283,24 +301,23 @@ impl Airlock {
                 headers,
                 admit,
             });
-            if m.offset() + 1 >= end {
-                done.insert(m.partition(), ());
-            }
         }
+        out.sort_by_key(|r| (r.partition, r.offset));
         Ok(out)
     }
 
-    /// The accepted (not fenced, not marker) records of `topic`, deduplicated on `airlock-id`
-    /// (the first copy kept), decoded as `T`.
+    /// The accepted (not fenced, not marker) records of `topic` whose `airlock-kind` is `kind`,
+    /// deduplicated on `airlock-id` (the first copy kept), decoded as `T`.
     pub fn read_deduplicated<T: airlock_schemas::Record>(
         &self,
         topic: &str,
+        kind: &str,
     ) -> anyhow::Result<Vec<T>> {
         let codec = Codec::new();
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         for r in self.read_topic(topic)? {
-            if r.admit != Admit::Accept {
+            if r.admit != Admit::Accept || r.header(header::KIND) != Some(kind.as_bytes()) {
                 continue;
             }
             let id = r.header(header::ID).unwrap_or_default().to_vec();
@@ -312,6 +329,58 @@ impl Airlock {
         }
         Ok(out)
     }
+}
+
+impl Airlock {
+    /// The reply to each proposal (decision ids `p/...`, and `x/...` for records the processor
+    /// refused before deciding), the first copy of each, by proposal id. Later decisions about
+    /// the same intent (attempt timeouts, settlements) reply to the proposal too; they are not
+    /// its answer.
+    pub fn proposal_replies(&self) -> anyhow::Result<std::collections::BTreeMap<String, Decision>> {
+        let mut out = std::collections::BTreeMap::new();
+        for d in self.read_deduplicated::<Decision>(&self.names.decisions(), "decision")? {
+            if d.decision_id.starts_with("p/") || d.decision_id.starts_with("x/") {
+                out.entry(d.in_reply_to.clone()).or_insert(d);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A copy of `deploy/config` under `root` whose attempt timeout caps are ten minutes. These
+/// tests run no connector, so every attempt would time out after the reference 10 s of wall
+/// clock and later replies would depend on how fast the machine is; with long caps, the
+/// verdicts can be compared exactly with an untimed reference run.
+fn reference_config_without_attempt_timeouts(root: &Path) -> anyhow::Result<PathBuf> {
+    fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(to)?;
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            let target = to.join(entry.file_name());
+            if entry.file_type()?.is_dir() {
+                copy_dir(&entry.path(), &target)?;
+            } else {
+                std::fs::copy(entry.path(), &target)?;
+            }
+        }
+        Ok(())
+    }
+    let dir = root.join("config");
+    copy_dir(&airlock_processor::sample::config_dir(), &dir)?;
+    let tools = dir.join("tools.toml");
+    let text = std::fs::read_to_string(&tools)?;
+    let patched: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("attempt_timeout_cap_ms") {
+                "attempt_timeout_cap_ms = 600000".to_owned()
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    std::fs::write(&tools, patched.join("\n") + "\n")?;
+    Ok(dir)
 }
 
 /// One record read back.

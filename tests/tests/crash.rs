@@ -5,12 +5,12 @@
 //! decided by the same core over an in-memory store).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::runtime::wire::Admit;
-use airlock_schemas::{Decision, DispatchCommand};
+use airlock_schemas::DispatchCommand;
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
@@ -29,7 +29,7 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
     let proposals = workload::proposals(n, now, &mut rng);
     let distinct: BTreeSet<String> = proposals.iter().map(|p| p.proposal_id.clone()).collect();
 
-    let mut child = a.spawn_process("p1", &log)?;
+    let mut child = a.spawn_process("p1", "group-0", &log)?;
     let producer = a.producer()?;
     let topic = a.names.proposals();
     let a = Arc::new(a);
@@ -52,7 +52,8 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         child.kill()?;
         child.wait()?;
         eprintln!("kill {} at {:.1?}", i + 1, started.elapsed());
-        child = a.spawn_process("p1", &log)?;
+        // A fresh group: tansu never evicts the killed member (see `spawn_process`).
+        child = a.spawn_process("p1", &format!("group-{}", i + 1), &log)?;
     }
     sender.await??;
 
@@ -60,11 +61,7 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         "a decision for every proposal",
         Duration::from_secs(240),
         async || {
-            let d: BTreeMap<String, Decision> = a
-                .read_deduplicated::<Decision>(&a.names.decisions())?
-                .into_iter()
-                .map(|d| (d.in_reply_to.clone(), d))
-                .collect();
+            let d = a.proposal_replies()?;
             Ok(distinct.iter().all(|id| d.contains_key(id)).then_some(d))
         },
     )
@@ -99,7 +96,8 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         .iter()
         .filter(|r| matches!(r.admit, Admit::Fenced { .. }))
         .count();
-    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    let dispatches =
+        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
     let got: BTreeSet<(String, i64)> = dispatches
         .iter()
         .map(|d| (d.operation_key.clone(), d.epoch))

@@ -22,18 +22,61 @@ fn now_ms() -> i64 {
 }
 
 fn decisions_by_reply(a: &Airlock) -> anyhow::Result<BTreeMap<String, Decision>> {
-    Ok(a.read_deduplicated::<Decision>(&a.names.decisions())?
-        .into_iter()
-        .map(|d| (d.in_reply_to.clone(), d))
-        .collect())
+    a.proposal_replies()
 }
 
 async fn await_decisions(a: &Airlock, n: usize) -> anyhow::Result<BTreeMap<String, Decision>> {
-    eventually(&format!("{n} decisions"), WAIT, async || {
+    let result = eventually(&format!("{n} decisions"), WAIT, async || {
         let d = decisions_by_reply(a)?;
         Ok((d.len() >= n).then_some(d))
     })
-    .await
+    .await;
+    if result.is_err() {
+        let codec = airlock_schemas::Codec::new();
+        for r in a.read_topic(&a.names.changelog())? {
+            let kind = r.header_str(header::KIND).unwrap_or("").to_owned();
+            if kind != "changelog" {
+                eprintln!(
+                    "changelog p{} o{} {kind} {:?}",
+                    r.partition, r.offset, r.admit
+                );
+                continue;
+            }
+            let c: airlock_schemas::ChangelogRecord =
+                codec.decode_as(r.value.as_deref().unwrap_or_default())?;
+            eprintln!(
+                "changelog p{} o{} e{} {:?} {} {:?} {:?}",
+                r.partition,
+                r.offset,
+                c.owner_epoch,
+                c.table,
+                String::from_utf8_lossy(&c.key),
+                c.value.as_ref().map(|v| v.len()),
+                c.input_offsets
+            );
+        }
+        for r in a.read_topic(&a.names.proposals())? {
+            eprintln!(
+                "proposal p{} o{} {:?}",
+                r.partition,
+                r.offset,
+                r.key
+                    .as_ref()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+            );
+        }
+        let raw = a.read_topic(&a.names.decisions())?;
+        for r in &raw {
+            eprintln!(
+                "p{} o{} {:?} {:?}",
+                r.partition,
+                r.offset,
+                r.admit,
+                r.header_str(airlock_processor::runtime::wire::header::ID)
+            );
+        }
+    }
+    result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +147,8 @@ async fn a_proposal_dispatches_once_and_every_reply_and_refusal_is_emitted() -> 
         assert!(r.value.is_some(), "the original bytes are kept");
     }
 
-    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    let dispatches =
+        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
     assert_eq!(dispatches.len(), 1, "{dispatches:?}");
     assert_eq!(dispatches[0].operation_key, first.operation_key);
     assert_eq!(dispatches[0].epoch, 1);
@@ -171,7 +215,8 @@ async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
         retries.iter().all(|d| d.verdict == Verdict::InProgress),
         "{retries:?}"
     );
-    let dispatches = a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"))?;
+    let dispatches =
+        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
     assert_eq!(dispatches.len(), keys.len());
     Ok(())
 }

@@ -16,6 +16,7 @@
 //! | `processor.instance` | `AIRLOCK_INSTANCE` | `<hostname>-<pid>` |
 //! | `processor.group_id` | `AIRLOCK_GROUP_ID` | `<prefix>processor` |
 //! | `processor.session_timeout_ms` | `AIRLOCK_SESSION_TIMEOUT_MS` | `10000` |
+//! | `processor.max_poll_interval_ms` | `AIRLOCK_MAX_POLL_INTERVAL_MS` | `300000` |
 //! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
@@ -71,6 +72,9 @@ pub struct Processor {
     pub group_id: String,
     /// How long the group waits for a silent instance before handing its partitions over.
     pub session_timeout_ms: u64,
+    /// The group's rebalance timeout: how long a rebalance waits for every member to rejoin
+    /// (some brokers only drop a crashed member after this, not after its session timeout).
+    pub max_poll_interval_ms: u64,
     /// Timers fired per task per batch, at most: bounds a batch after a long pause.
     pub timers_per_batch: usize,
     /// How often each task journals a CHECKPOINT with its projection hash.
@@ -85,6 +89,7 @@ impl Default for Processor {
             instance: String::new(),
             group_id: String::new(),
             session_timeout_ms: 10_000,
+            max_poll_interval_ms: 300_000,
             timers_per_batch: 1_000,
             checkpoint_interval_ms: 60_000,
             linger_ms: 2,
@@ -277,6 +282,9 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_SESSION_TIMEOUT_MS") {
             self.processor.session_timeout_ms = number("AIRLOCK_SESSION_TIMEOUT_MS", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_MAX_POLL_INTERVAL_MS") {
+            self.processor.max_poll_interval_ms = number("AIRLOCK_MAX_POLL_INTERVAL_MS", v)?;
+        }
         if let Some(v) = lookup("AIRLOCK_TIMERS_PER_BATCH") {
             self.processor.timers_per_batch = number("AIRLOCK_TIMERS_PER_BATCH", v)?;
         }
@@ -320,6 +328,12 @@ impl Config {
         }
         if self.processor.session_timeout_ms < 1_000 {
             return invalid("processor.session_timeout_ms", "must be at least 1000");
+        }
+        if self.processor.max_poll_interval_ms < self.processor.session_timeout_ms {
+            return invalid(
+                "processor.max_poll_interval_ms",
+                "must be at least processor.session_timeout_ms",
+            );
         }
         Ok(())
     }

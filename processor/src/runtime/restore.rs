@@ -123,6 +123,10 @@ impl Claim {
         let mut store = self.open(&dir, partition)?;
         let local_epoch = self.read_i64(&store, META_OWNER_EPOCH, partition)?;
 
+        // Where this store's knowledge of the changelog ends, read before the resend below:
+        // the resend's own acknowledgements land after any other owner's records.
+        let known_end = self.read_i64(&store, META_CHANGELOG_NEXT, partition)?;
+
         // 1. What the last incarnation committed but may not have produced.
         let pending = partition::pending_outbox(&store, partition)?;
         report.resent = pending.len();
@@ -146,18 +150,23 @@ impl Claim {
 
         // 2. Is the local state current?
         let topic = self.names.changelog();
-        let (low, high) = self
+        let (low, _) = self
             .reader
             .fetch_watermarks(&topic, partition, Duration::from_secs(10))
             .map_err(|source| Error::Kafka { partition, source })?;
+        // The end of the changelog, read-your-writes: the offset of a barrier record produced
+        // now. (tansu 0.6 reports a high watermark that can stop inside the last batch.)
+        let barrier = self
+            .producer
+            .send_phased(&[OutRecord::barrier(&topic, partition)])?;
+        let high = barrier
+            .offset_of(&topic, partition)
+            .expect("the barrier was acknowledged");
         let mut filter = FenceFilter::default();
         let mut max_epoch = local_epoch.unwrap_or(0);
         let mut stale = local_epoch.is_none();
         if let Some(local) = local_epoch {
-            let from = self
-                .read_i64(&store, META_CHANGELOG_NEXT, partition)?
-                .unwrap_or(low)
-                .max(low);
+            let from = known_end.unwrap_or(low).max(low);
             self.read(partition, from, high, |_, epoch, _| {
                 max_epoch = max_epoch.max(epoch);
                 if epoch > local {
@@ -223,10 +232,18 @@ impl Claim {
         store
             .commit()
             .map_err(|source| Error::Store { partition, source })?;
+        // The changelog's marker is acknowledged before any other topic's: a changelog row of
+        // the old owner that precedes it (and is restored) had its outputs acknowledged before
+        // that row was sent, hence before every other marker, so they are not fenced; a row
+        // behind it is fenced and its inputs are decided again here.
         let markers: Vec<OutRecord> = self
             .output_topics
             .iter()
-            .map(|t| OutRecord::fence_marker(t, partition, epoch))
+            .map(|t| {
+                let mut marker = OutRecord::fence_marker(t, partition, epoch);
+                marker.phase = u8::from(*t != topic);
+                marker
+            })
             .collect();
         let acked = self.producer.send_phased(&markers)?;
         let marker_offset = acked
@@ -349,12 +366,14 @@ impl Claim {
                     break;
                 }
                 let mut kind_fence = false;
+                let mut kind_barrier = false;
                 let mut epoch = None;
                 if let Some(headers) = message.headers() {
                     for h in headers.iter() {
                         match h.key {
                             wire::header::KIND => {
                                 kind_fence = h.value == Some(wire::FENCE_KIND.as_bytes());
+                                kind_barrier = h.value == Some(wire::BARRIER_KIND.as_bytes());
                             }
                             wire::header::OWNER_EPOCH => {
                                 epoch = h
@@ -371,6 +390,9 @@ impl Claim {
                     offset,
                     detail,
                 };
+                if kind_barrier {
+                    continue;
+                }
                 let epoch =
                     epoch.ok_or_else(|| corrupt("no airlock-owner-epoch header".to_owned()))?;
                 if kind_fence {

@@ -242,7 +242,9 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
     reader_config
         .set("group.id", format!("{}-restore", config.group_id()))
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // Claims read short ranges: do not let the broker hold a fetch for its default 500 ms.
+        .set("fetch.wait.max.ms", "20");
     let reader: BaseConsumer = reader_config.create()?;
     let claim = Arc::new(Claim {
         core: core.clone(),
@@ -282,12 +284,18 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
             config.processor.session_timeout_ms.to_string(),
         )
         .set(
+            "max.poll.interval.ms",
+            config.processor.max_poll_interval_ms.to_string(),
+        )
+        .set(
             "heartbeat.interval.ms",
             (config.processor.session_timeout_ms / 4)
                 .max(250)
                 .to_string(),
         )
         .set("enable.partition.eof", "false");
+    // No static membership (group.instance.id): tansu 0.6 revokes a static member's assignment
+    // right after it is given and never assigns again (seen here with librdkafka 2.12).
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     let topic_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&topic_refs)?;
