@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use airlock_processor::cli::run::load_core;
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
+use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::run::{self, Summary};
 use airlock_processor::runtime::topics::{self, Names};
-use airlock_processor::runtime::wire::{Admit, FenceFilter, header};
+use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, OutRecord, header};
 use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -237,47 +238,64 @@ impl Airlock {
     }
 
     /// Every record of `topic` up to its current end, in partition order, with the fence
-    /// verdict of each. The end is the high watermark and then a quiet period: tansu 0.6 can
-    /// report a high watermark inside the last produced batch.
+    /// verdict of each. The end of each partition is learnt by writing a barrier record there
+    /// and reading up to its acknowledged offset: tansu 0.6 reports high watermarks that can
+    /// stop inside the last produced batch.
     pub fn read_topic(&self, topic: &str) -> anyhow::Result<Vec<Read>> {
-        const QUIET: Duration = Duration::from_millis(400);
+        let barriers: Vec<OutRecord> = (0..self.config.topics.partitions)
+            .map(|p| OutRecord::barrier(topic, p))
+            .collect();
+        // On a thread of its own: the producer blocks on its own runtime, and tests call this
+        // from inside theirs.
+        let client = self.config.client_config();
+        let acked = std::thread::spawn(move || -> anyhow::Result<_> {
+            Ok(Producer::new(&client, 0)?.send_phased(&barriers)?)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("barrier thread panicked"))??;
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.config.kafka.brokers)
             .set("group.id", format!("{}reader", self.config.topics.prefix))
             .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "20")
             .create()?;
         let mut tpl = TopicPartitionList::new();
         let mut ends = std::collections::BTreeMap::new();
         for p in 0..self.config.topics.partitions {
-            let (low, high) = consumer.fetch_watermarks(topic, p, TIMEOUT)?;
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
-            if high > low {
-                ends.insert(p, high);
+            let (low, _) = consumer.fetch_watermarks(topic, p, TIMEOUT)?;
+            let end = acked
+                .offset_of(topic, p)
+                .context("the barrier was acknowledged")?;
+            if end > low {
+                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+                ends.insert(p, end);
             }
         }
-        consumer.assign(&tpl)?;
         let mut out = Vec::new();
+        if ends.is_empty() {
+            return Ok(out);
+        }
+        consumer.assign(&tpl)?;
         let mut filter = FenceFilter::default();
         let deadline = Instant::now() + TIMEOUT;
-        let mut last = Instant::now();
-        loop {
+        while !ends.is_empty() {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "reading {topic}: timed out with {} partitions short of their end",
                 ends.len()
             );
             let Some(m) = consumer.poll(Duration::from_millis(50)) else {
-                if ends.is_empty() && last.elapsed() >= QUIET {
-                    break;
-                }
                 continue;
             };
             let m = m?;
-            last = Instant::now();
-            if ends
-                .get(&m.partition())
-                .is_some_and(|end| m.offset() + 1 >= *end)
-            {
+            let Some(&end) = ends.get(&m.partition()) else {
+                continue;
+            };
+            if m.offset() >= end {
+                ends.remove(&m.partition());
+                continue;
+            }
+            if m.offset() + 1 >= end {
                 ends.remove(&m.partition());
             }
             let headers: Vec<(String, Vec<u8>)> = m
@@ -288,6 +306,13 @@ impl Airlock {
                         .collect()
                 })
                 .unwrap_or_default();
+            // Barriers (this reader's and others') are not data.
+            if headers
+                .iter()
+                .any(|(k, v)| k == header::KIND && v.as_slice() == BARRIER_KIND.as_bytes())
+            {
+                continue;
+            }
             let admit = filter.admit(
                 topic,
                 m.partition(),
