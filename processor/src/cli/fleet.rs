@@ -35,6 +35,7 @@ pub struct Args {
 
 struct Scenario {
     name: &'static str,
+    /// The input id the expected decision replies to, or the decision's own id.
     reply_to: String,
     expect: (Verdict, Reason),
 }
@@ -44,6 +45,9 @@ struct Fleet {
     producer: ThreadedProducer<DefaultProducerContext>,
     reader: BaseConsumer,
     codec: Codec,
+    /// Every decision read, by decision id.
+    decisions: HashMap<String, Decision>,
+    /// The first decision replying to each input id.
     seen: HashMap<String, Decision>,
 }
 
@@ -59,6 +63,28 @@ impl Fleet {
     fn propose(&self, p: &ToolProposal) -> anyhow::Result<()> {
         let payload = self.codec.encode_single_object(p)?;
         self.send(&self.names.proposals(), &p.operation_key, &payload)
+    }
+
+    /// Reads decisions until one satisfies `pred` (or the deadline).
+    fn await_where(
+        &mut self,
+        deadline: Instant,
+        out: &mut impl Write,
+        pred: impl Fn(&Decision) -> bool,
+    ) -> anyhow::Result<Option<Decision>> {
+        loop {
+            if let Some(d) = self.decisions.values().find(|d| pred(d)) {
+                return Ok(Some(d.clone()));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            self.await_reply(
+                "\0none",
+                (Instant::now() + Duration::from_millis(200)).min(deadline),
+                out,
+            )?;
+        }
     }
 
     /// Reads decisions until `reply_to` has one (or the deadline), printing each new one.
@@ -77,7 +103,7 @@ impl Fleet {
             let Ok(d) = self.codec.decode_as::<Decision>(payload) else {
                 continue; // a fence marker
             };
-            if self.seen.contains_key(&d.in_reply_to) {
+            if self.decisions.contains_key(&d.decision_id) {
                 continue;
             }
             writeln!(
@@ -88,7 +114,10 @@ impl Fleet {
                 d.reason.as_str(),
                 d.detail
             )?;
-            self.seen.insert(d.in_reply_to.clone(), d);
+            self.seen
+                .entry(d.in_reply_to.clone())
+                .or_insert_with(|| d.clone());
+            self.decisions.insert(d.decision_id.clone(), d);
         }
         Ok(self.seen.get(reply_to).cloned())
     }
@@ -121,6 +150,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         producer,
         reader,
         codec: Codec::new(),
+        decisions: HashMap::new(),
         seen: HashMap::new(),
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
@@ -179,10 +209,21 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         let payload = fleet.codec.encode_single_object(&approval)?;
         fleet.send(&fleet.names.approvals(), &approval.operation_key, &payload)?;
         scenarios.push(Scenario {
-            name: "approved by alice (finance)",
+            name: "alice's approval is recorded",
             reply_to: approval.approval_id.clone(),
-            expect: (Verdict::Accepted, Reason::Approved),
+            expect: (Verdict::Recorded, Reason::ApprovalRecorded),
         });
+        // The quorum (1) reached, the intent is authorized again and dispatched.
+        if let Some(d) = fleet.await_where(deadline, out, |d| {
+            d.operation_key == large.operation_key && d.reason == Reason::Approved
+        })? {
+            scenarios.push(Scenario {
+                name: "large refund dispatched",
+                // The proposal's second decision: looked up by its own id.
+                reply_to: d.decision_id.clone(),
+                expect: (Verdict::Accepted, Reason::Approved),
+            });
+        }
     }
 
     // A stale agent worker: fence 5 is accepted, then fence 4 of the same run is refused. The
@@ -216,7 +257,10 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "\nreport (run {run}):")?;
     let mut failures = 0;
     for s in &scenarios {
-        let got = fleet.await_reply(&s.reply_to, deadline, out)?;
+        let got = match fleet.decisions.get(&s.reply_to) {
+            Some(d) => Some(d.clone()),
+            None => fleet.await_reply(&s.reply_to, deadline, out)?,
+        };
         let (verdict, reason) = s.expect;
         let ok = got
             .as_ref()
