@@ -10,7 +10,7 @@ use airlock_processor::core::{Input, TaskContext};
 use airlock_processor::sample;
 use airlock_processor::store::{MemoryBackend, StateStore};
 use airlock_processor::task::Task;
-use airlock_schemas::{Codec, ToolProposal, Verdict};
+use airlock_schemas::{Codec, Decision, ToolProposal, Verdict};
 
 use crate::airlock::Airlock;
 
@@ -107,4 +107,57 @@ pub fn reference(a: &Airlock) -> anyhow::Result<Reference> {
         verdicts,
         dispatches,
     })
+}
+
+/// Why some proposals have no reply, for a failing test's message: how many, where the first
+/// few sit in the proposals topic, every decision (fenced or not) that names them, and the
+/// last lines of the processors' log.
+pub fn explain_missing(
+    a: &Airlock,
+    distinct: &BTreeSet<String>,
+    log: &std::path::Path,
+) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let replies = a.proposal_replies()?;
+    let missing: BTreeSet<&String> = distinct
+        .iter()
+        .filter(|id| !replies.contains_key(*id))
+        .take(8)
+        .collect();
+    let mut out = String::new();
+    writeln!(
+        out,
+        "{} proposals without a reply, e.g. {missing:?}",
+        distinct
+            .iter()
+            .filter(|id| !replies.contains_key(*id))
+            .count()
+    )?;
+    let codec = Codec::new();
+    for r in a.read_topic(&a.names.proposals())? {
+        if let Ok(p) = codec.decode_as::<ToolProposal>(r.value.as_deref().unwrap_or_default())
+            && missing.contains(&p.proposal_id)
+        {
+            writeln!(
+                out,
+                "  proposal {} at p{} o{}",
+                p.proposal_id, r.partition, r.offset
+            )?;
+        }
+    }
+    for r in a.read_topic(&a.names.decisions())? {
+        if let Ok(d) = codec.decode_as::<Decision>(r.value.as_deref().unwrap_or_default())
+            && missing.contains(&d.in_reply_to)
+        {
+            writeln!(
+                out,
+                "  decision {} at p{} o{} owner epoch {} {:?}",
+                d.decision_id, r.partition, r.offset, d.owner_epoch, r.admit
+            )?;
+        }
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+    writeln!(out, "processor log (newest first):\n{}", tail.join("\n"))?;
+    Ok(out)
 }

@@ -74,36 +74,7 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
     let _ = child.wait();
     let decided = match decided {
         Ok(d) => d,
-        Err(e) => {
-            let replies = a.proposal_replies()?;
-            let missing: Vec<&String> = distinct
-                .iter()
-                .filter(|id| !replies.contains_key(*id))
-                .collect();
-            eprintln!(
-                "{} proposals without a reply, e.g. {:?}",
-                missing.len(),
-                &missing[..missing.len().min(8)]
-            );
-            let codec = airlock_schemas::Codec::new();
-            for r in a.read_topic(&a.names.proposals())? {
-                if let Some(v) = r.value.as_deref()
-                    && let Ok(p) = codec.decode_as::<airlock_schemas::ToolProposal>(v)
-                    && missing.iter().take(8).any(|m| **m == p.proposal_id)
-                {
-                    eprintln!(
-                        "  proposal p{} o{} {}",
-                        r.partition, r.offset, p.proposal_id
-                    );
-                }
-            }
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(40).collect();
-            panic!(
-                "{e}\nprocessor log (last lines, newest first):\n{}",
-                tail.join("\n")
-            );
-        }
+        Err(e) => panic!("{e}\n{}", workload::explain_missing(&a, &distinct, &log)?),
     };
 
     // The uninterrupted run: the proposals in broker order, per partition, through the core.

@@ -117,33 +117,7 @@ async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Re
     }
     let decided = match decided {
         Ok(d) => d,
-        Err(e) => {
-            let replies = a.proposal_replies()?;
-            let missing: Vec<&String> = distinct
-                .iter()
-                .filter(|id| !replies.contains_key(*id))
-                .collect();
-            eprintln!(
-                "{} proposals without a reply, e.g. {:?}",
-                missing.len(),
-                &missing[..missing.len().min(5)]
-            );
-            let codec = airlock_schemas::Codec::new();
-            for r in a.read_topic(&a.names.decisions())? {
-                if let Some(v) = r.value.as_deref()
-                    && let Ok(d) = codec.decode_as::<airlock_schemas::Decision>(v)
-                    && missing.iter().take(5).any(|m| **m == d.in_reply_to)
-                {
-                    eprintln!(
-                        "  raw p{} o{} {:?} {} {}",
-                        r.partition, r.offset, r.admit, d.decision_id, d.owner_epoch
-                    );
-                }
-            }
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(60).collect();
-            panic!("{e}\nprocessor logs (newest first):\n{}", tail.join("\n"));
-        }
+        Err(e) => panic!("{e}\n{}", workload::explain_missing(&a, &distinct, &log)?),
     };
 
     let workload::Reference {

@@ -1,7 +1,7 @@
 //! `airlock check`: load the tool registry and the policy bundle the processor would run with.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -21,16 +21,26 @@ pub struct Args {
     pub entities: PathBuf,
 }
 
-pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let registry = Registry::load(&args.registry)
-        .with_context(|| format!("loading the tool registry {}", args.registry.display()))?;
-    let policy = Policy::load(&args.policies, &args.entities).with_context(|| {
+/// Loads a tool registry and a policy bundle, each error naming the file at fault.
+pub fn load(
+    registry: &Path,
+    policies: &Path,
+    entities: &Path,
+) -> anyhow::Result<(Registry, Policy)> {
+    let registry = Registry::load(registry)
+        .with_context(|| format!("loading the tool registry {}", registry.display()))?;
+    let policy = Policy::load(policies, entities).with_context(|| {
         format!(
             "loading the policy bundle {} + {}",
-            args.policies.display(),
-            args.entities.display()
+            policies.display(),
+            entities.display()
         )
     })?;
+    Ok((registry, policy))
+}
+
+pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
+    let (registry, policy) = load(&args.registry, &args.policies, &args.entities)?;
     writeln!(
         out,
         "registry {} ({})",

@@ -8,8 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 
-use crate::core::policy::Policy;
-use crate::core::registry::Registry;
 use crate::core::{self, Core};
 use crate::runtime::{config::Config, logging, run};
 
@@ -39,15 +37,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
 /// The core the configuration names: tool registry and policy bundle.
 pub fn load_core(config: &Config) -> anyhow::Result<Core> {
     let t = &config.tools;
-    let registry = Registry::load(&t.registry)
-        .with_context(|| format!("loading the tool registry {}", t.registry.display()))?;
-    let policy = Policy::load(&t.policies, &t.entities).with_context(|| {
-        format!(
-            "loading the policy bundle {} + {}",
-            t.policies.display(),
-            t.entities.display()
-        )
-    })?;
+    let (registry, policy) = super::check::load(&t.registry, &t.policies, &t.entities)?;
     log::info!(
         "tool registry {} ({} tools), policy bundle {}",
         registry.hash(),
