@@ -16,8 +16,6 @@ use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: intermittently (about 1 run in 3 here) some proposals end without a \
-            decision after the SIGKILL restarts (see the runtime issue's note); run with --ignored"]
 async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyhow::Result<()> {
     let n: usize = std::env::var("AIRLOCK_CRASH_PROPOSALS")
         .ok()

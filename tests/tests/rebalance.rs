@@ -48,8 +48,6 @@ fn fenced_writes(a: &Airlock) -> anyhow::Result<usize> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: after the freeze-and-replace sequence 30-60 of ~5,000 proposals end \
-            without any decision (see the runtime issue's note); run with --ignored"]
 async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Result<()> {
     let n: usize = std::env::var("AIRLOCK_REBALANCE_PROPOSALS")
         .ok()
@@ -68,10 +66,11 @@ async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Re
     let sender = {
         let a = a.clone();
         tokio::spawn(async move {
-            for chunk in proposals.chunks(100) {
+            // Load keeps flowing through the freeze and the resume (about 30 s).
+            for chunk in proposals.chunks(20) {
                 a.send_many(&producer, &topic, chunk, |p| p.operation_key.as_str())
                     .await?;
-                tokio::time::sleep(Duration::from_millis(40)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             anyhow::Ok(())
         })

@@ -162,6 +162,17 @@ impl PartitionTask {
         Ok(next.is_some_and(|next| offset < next))
     }
 
+    /// Checks that `offset` of `topic` is not past the next offset to consume: input topics are
+    /// not compacted, so a later offset means records were skipped (by the broker or the
+    /// client). Returns the expected offset when they were.
+    pub fn gap_before(&self, topic: &str, offset: i64) -> Result<Option<i64>> {
+        let next = match self.staged_offsets.get(topic) {
+            Some(next) => Some(*next),
+            None => self.stored_offset(topic)?,
+        };
+        Ok(next.filter(|next| offset > *next))
+    }
+
     /// The next offset to consume of every input topic that has one (group commits, for lag).
     pub fn positions(&self) -> Result<Vec<(String, i64)>> {
         Ok(self
