@@ -14,6 +14,11 @@
 //!   --listener-url tcp://0.0.0.0:9092 --advertised-listener-url tcp://localhost:9092
 //! cargo run --release -p airlock-processor --bin airlock-bench-runtime -- --proposals 30000
 //! ```
+//!
+//! No connector runs here, so every dispatched attempt times out after its tool's
+//! `attempt_timeout_cap_ms` (10 s for `refund`) and the timers then compete with the measured
+//! work; point `AIRLOCK_REGISTRY` at a copy of the registry with a long cap to measure the
+//! decision path alone (the figures in the notes say which was used).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,15 +62,18 @@ fn now_ms() -> i64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // The processor's environment overrides apply (AIRLOCK_STATE_SYNC, AIRLOCK_BATCH_*, ...);
+    // the arguments below win over them.
     let mut config = Config::default();
-    config.kafka.brokers = args.brokers.clone();
-    config.topics.prefix = format!("bench-{:x}.", now_ms());
-    config.topics.partitions = args.partitions;
-    config.processor.session_timeout_ms = 6_000;
     let dir = sample::config_dir();
     config.tools.registry = dir.join("tools.toml");
     config.tools.policies = dir.join("policies.cedar");
     config.tools.entities = dir.join("entities.json");
+    config.apply_env(|name| std::env::var(name).ok())?;
+    config.kafka.brokers = args.brokers.clone();
+    config.topics.prefix = format!("bench-{:x}.", now_ms());
+    config.topics.partitions = args.partitions;
+    config.processor.session_timeout_ms = 6_000;
     let state = tempfile::tempdir()?;
     config.state.dir = state.path().to_owned();
     let names = Names::new(&config.topics.prefix);
