@@ -10,7 +10,7 @@ use airlock_processor::core::{Input, TaskContext};
 use airlock_processor::sample;
 use airlock_processor::store::{MemoryBackend, StateStore};
 use airlock_processor::task::Task;
-use airlock_schemas::{Codec, Decision, ToolProposal, Verdict};
+use airlock_schemas::{Codec, Decision, DispatchCommand, ToolProposal, Verdict};
 
 use crate::airlock::Airlock;
 
@@ -160,4 +160,40 @@ pub fn explain_missing(
     let tail: Vec<&str> = text.lines().rev().take(40).collect();
     writeln!(out, "processor log (newest first):\n{}", tail.join("\n"))?;
     Ok(out)
+}
+
+/// Asserts that the replies and the dispatches on the topics (after dedup and the fence) are
+/// those of the uninterrupted reference run: the same verdict for every proposal, one dispatch
+/// per (key, epoch), the same (key, epoch) set. Returns the number of dispatches.
+pub fn assert_matches_reference(
+    a: &Airlock,
+    decided: &BTreeMap<String, Decision>,
+) -> anyhow::Result<usize> {
+    let expected = reference(a)?;
+    for (id, verdict) in &expected.verdicts {
+        let got = decided.get(id).map(|d| d.verdict);
+        anyhow::ensure!(
+            got == Some(*verdict),
+            "proposal {id}: {got:?}, reference {verdict:?}"
+        );
+    }
+    let dispatches =
+        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
+    let got: BTreeSet<(String, i64)> = dispatches
+        .iter()
+        .map(|d| (d.operation_key.clone(), d.epoch))
+        .collect();
+    anyhow::ensure!(
+        got.len() == dispatches.len(),
+        "{} dispatches after dedup for {} (key, epoch) pairs",
+        dispatches.len(),
+        got.len()
+    );
+    anyhow::ensure!(
+        got == expected.dispatches,
+        "dispatched (key, epoch) differ from the reference: {} here, {} there",
+        got.len(),
+        expected.dispatches.len()
+    );
+    Ok(dispatches.len())
 }

@@ -78,6 +78,17 @@ pub struct InputRecord<'a> {
     pub timestamp: i64,
 }
 
+/// An input record's offset against the task's next offset to consume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// The record to decide now (or the first of its partition).
+    Next,
+    /// A redelivery of a record whose effects are already in the state.
+    AlreadyConsumed,
+    /// Records between `expected` and this one were never delivered.
+    Gap { expected: i64 },
+}
+
 /// Counts of one task, for logs and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -152,25 +163,25 @@ impl PartitionTask {
         stored_offset(self.task.store(), topic, self.partition())
     }
 
+    /// Where `offset` of `topic` stands against the next offset to consume (one lookup per
+    /// record: the batch's staged position, else the stored one).
+    pub fn position_of(&self, topic: &str, offset: i64) -> Result<Position> {
+        let next = match self.staged_offsets.get(topic) {
+            Some(next) => Some(*next),
+            None => self.stored_offset(topic)?,
+        };
+        Ok(match next {
+            Some(next) if offset < next => Position::AlreadyConsumed,
+            // Input topics are not compacted: a later offset means records were skipped.
+            Some(next) if offset > next => Position::Gap { expected: next },
+            _ => Position::Next,
+        })
+    }
+
     /// True when `offset` of `topic` is below the next offset to consume: a redelivery of a
     /// record whose effects are already in the state (it must not be decided twice).
     pub fn already_consumed(&self, topic: &str, offset: i64) -> Result<bool> {
-        let next = match self.staged_offsets.get(topic) {
-            Some(next) => Some(*next),
-            None => self.stored_offset(topic)?,
-        };
-        Ok(next.is_some_and(|next| offset < next))
-    }
-
-    /// Checks that `offset` of `topic` is not past the next offset to consume: input topics are
-    /// not compacted, so a later offset means records were skipped (by the broker or the
-    /// client). Returns the expected offset when they were.
-    pub fn gap_before(&self, topic: &str, offset: i64) -> Result<Option<i64>> {
-        let next = match self.staged_offsets.get(topic) {
-            Some(next) => Some(*next),
-            None => self.stored_offset(topic)?,
-        };
-        Ok(next.filter(|next| offset > *next))
+        Ok(self.position_of(topic, offset)? == Position::AlreadyConsumed)
     }
 
     /// The next offset to consume of every input topic that has one (group commits, for lag).

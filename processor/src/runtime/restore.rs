@@ -454,13 +454,9 @@ fn apply(
     }
     store
         .restore_row(&key, record.value)
-        .map_err(|source| Error::Store { partition, source })
-        .map_err(|e| match e {
-            Error::Store { source, .. } => Error::Corrupt {
-                partition,
-                offset,
-                detail: source.to_string(),
-            },
-            other => other,
+        .map_err(|source| Error::Corrupt {
+            partition,
+            offset,
+            detail: source.to_string(),
         })
 }

@@ -28,7 +28,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::config::Config;
-use super::partition::{self, InputRecord, PartitionTask, Source};
+use super::partition::{self, InputRecord, PartitionTask, Position, Source};
 use super::produce::{self, Producer};
 use super::restore::{self, Claim};
 use super::topics::{self, Names};
@@ -372,16 +372,17 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
             let Some(task) = guard.tasks.get_mut(&message.partition()) else {
                 continue;
             };
-            if task.already_consumed(topic, message.offset())? {
-                continue;
-            }
-            if let Some(expected) = task.gap_before(topic, message.offset())? {
-                return Err(Error::Gap {
-                    topic: topic.to_owned(),
-                    partition: message.partition(),
-                    expected,
-                    got: message.offset(),
-                });
+            match task.position_of(topic, message.offset())? {
+                Position::Next => {}
+                Position::AlreadyConsumed => continue,
+                Position::Gap { expected } => {
+                    return Err(Error::Gap {
+                        topic: topic.to_owned(),
+                        partition: message.partition(),
+                        expected,
+                        got: message.offset(),
+                    });
+                }
             }
             let timestamp = message.timestamp().to_millis().unwrap_or_else(wall_ms);
             task.handle_record(&InputRecord {
