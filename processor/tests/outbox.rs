@@ -8,18 +8,33 @@ use airlock_processor::core::TaskContext;
 use airlock_processor::runtime::partition::{
     self, InputRecord, PartitionTask, Source, changelog_table, store_table,
 };
+use airlock_processor::runtime::produce::Span;
 use airlock_processor::runtime::topics::Names;
 use airlock_processor::runtime::wire::{self, header};
 use airlock_processor::sample;
+use airlock_processor::store::keys::Table;
 use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
 use airlock_schemas::{ChangelogRecord, Codec, Decision, Verdict};
 
 const PARTITIONS: i32 = 1;
 
 fn task(dir: &std::path::Path) -> PartitionTask {
+    task_knowing(dir, None)
+}
+
+/// A task whose store knows the changelog up to `changelog_next` (as a claim leaves it).
+fn task_knowing(dir: &std::path::Path, changelog_next: Option<i64>) -> PartitionTask {
     let core = Arc::new(sample::reference_core(Default::default()).unwrap());
-    let store =
+    let mut store =
         StateStore::open(RocksBackend::open(dir, &RocksOptions { sync: false }).unwrap()).unwrap();
+    if let Some(next) = changelog_next {
+        store.stage_raw(
+            Table::Meta,
+            partition::META_CHANGELOG_NEXT,
+            Some(next.to_be_bytes().to_vec()),
+        );
+        store.commit().unwrap();
+    }
     let ctx = TaskContext {
         partition: 0,
         owner_epoch: 3,
@@ -112,24 +127,60 @@ fn acknowledged_entries_leave_the_outbox() {
     let codec = Codec::new();
     let p = sample::refund("refund:o2", 500, 1_000);
     let payload = codec.encode_single_object(&p).unwrap();
-    let mut t = task(dir.path());
+    let mut t = task_knowing(dir.path(), Some(40));
     t.handle_record(&record(0, b"refund:o2", &payload)).unwrap();
     let out = t.seal(2_000).unwrap();
     let seqs: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
-    t.acknowledged(&seqs, Some(42));
+    let rows = out.iter().filter(|(_, r)| r.phase == 1).count() as i64;
+    t.acknowledged(&seqs, Some(span(40, rows)));
     assert!(
         t.seal(2_001).unwrap().is_empty(),
         "bookkeeping only: nothing to produce"
     );
     assert!(partition::pending_outbox(t.store(), 0).unwrap().is_empty());
-    assert_eq!(
-        partition::read_i64(
-            t.store(),
-            airlock_processor::store::keys::Table::Meta,
-            partition::META_CHANGELOG_NEXT,
-            0
-        )
-        .unwrap(),
-        Some(42)
-    );
+    assert_eq!(known_end(&t), Some(40 + rows));
+}
+
+#[test]
+fn another_writer_on_the_changelog_freezes_the_known_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let codec = Codec::new();
+    let mut t = task_knowing(dir.path(), Some(40));
+    let mut offset = 0;
+    let mut batch = |t: &mut PartitionTask, key: &str| {
+        let p = sample::refund(key, 500, 1_000);
+        let payload = codec.encode_single_object(&p).unwrap();
+        t.handle_record(&record(offset, key.as_bytes(), &payload))
+            .unwrap();
+        offset += 1;
+        let out = t.seal(2_000).unwrap();
+        let seqs: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
+        let rows = out.iter().filter(|(_, r)| r.phase == 1).count() as i64;
+        (seqs, rows)
+    };
+    let (seqs, rows) = batch(&mut t, "refund:o3");
+    t.acknowledged(&seqs, Some(span(40, rows)));
+    let end = 40 + rows;
+    // A new owner's fence marker landed at `end`: this task's next rows start one later.
+    let (seqs, rows) = batch(&mut t, "refund:o4");
+    t.acknowledged(&seqs, Some(span(end + 1, rows)));
+    assert_eq!(known_end(&t), Some(end), "frozen before the foreign marker");
+    // Even contiguous rows later do not move it again.
+    let (seqs, rows) = batch(&mut t, "refund:o5");
+    t.acknowledged(&seqs, Some(span(end + 1 + rows, rows)));
+    t.commit_bookkeeping().unwrap();
+    assert_eq!(known_end(&t), Some(end));
+}
+
+fn span(lowest: i64, count: i64) -> Span {
+    Span {
+        lowest,
+        highest: lowest + count - 1,
+        count,
+    }
+}
+
+fn known_end(t: &PartitionTask) -> Option<i64> {
+    // Staged bookkeeping lands with the next batch; read what is committed.
+    partition::read_i64(t.store(), Table::Meta, partition::META_CHANGELOG_NEXT, 0).unwrap()
 }

@@ -89,7 +89,7 @@ impl Airlock {
 
     /// An in-process processor instance (fast tests; stopped gracefully).
     pub fn spawn(&self, instance: &str) -> anyhow::Result<InProcess> {
-        airlock_processor::runtime::logging::init();
+        airlock_processor::runtime::logging::init("");
         let config = self.instance_config(instance);
         let core = Arc::new(load_core(&config)?);
         let shutdown = Arc::new(AtomicBool::new(false));

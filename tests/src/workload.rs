@@ -156,9 +156,21 @@ pub fn explain_missing(
             )?;
         }
     }
+    // The periodic progress lines say little about a failure; claims, revocations, warnings and
+    // errors say what happened to the partitions.
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let tail: Vec<&str> = text.lines().rev().take(40).collect();
-    writeln!(out, "processor log (newest first):\n{}", tail.join("\n"))?;
+    let events: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains(" inputs in ") || l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    let tail = &events[events.len().saturating_sub(80)..];
+    writeln!(
+        out,
+        "processor log ({} lines, the last {} without progress lines):\n{}",
+        text.lines().count(),
+        tail.len(),
+        tail.join("\n")
+    )?;
     Ok(out)
 }
 

@@ -20,8 +20,8 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    logging::init();
     let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    logging::init(&config.instance());
     let core = Arc::new(load_core(&config)?);
     let shutdown = Arc::new(AtomicBool::new(false));
     watch_signals(shutdown.clone())?;

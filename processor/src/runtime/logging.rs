@@ -1,6 +1,7 @@
 //! A small stderr logger for the `log` facade (librdkafka's messages arrive through it too):
-//! `<RFC 3339 UTC time> <LEVEL> <target>: <message>`, level from `AIRLOCK_LOG` (`error`,
-//! `warn`, `info` (default), `debug`, `trace`).
+//! `<RFC 3339 UTC time> <LEVEL> [<instance>] <target>: <message>`, level from `AIRLOCK_LOG`
+//! (`error`, `warn`, `info` (default), `debug`, `trace`). The instance tag tells apart the lines
+//! of several instances collected in one place.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,6 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Debug)]
 struct Stderr {
     level: log::LevelFilter,
+    /// `[instance] `, or empty.
+    tag: String,
 }
 
 impl log::Log for Stderr {
@@ -26,12 +29,13 @@ impl log::Log for Stderr {
         let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
         let (y, m, d) = civil_from_days(days);
         let line = format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z {:5} {}: {}\n",
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z {:5} {}{}: {}\n",
             rem / 3600,
             rem % 3600 / 60,
             rem % 60,
             ms % 1000,
             record.level(),
+            self.tag,
             record.target(),
             record.args()
         );
@@ -56,8 +60,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// Installs the logger once; later calls are no-ops.
-pub fn init() {
+/// Installs the logger once, tagging every line with `instance` when it is not empty; later
+/// calls are no-ops.
+pub fn init(instance: &str) {
     let level = match std::env::var("AIRLOCK_LOG").as_deref() {
         Ok("error") => log::LevelFilter::Error,
         Ok("warn") => log::LevelFilter::Warn,
@@ -65,7 +70,12 @@ pub fn init() {
         Ok("trace") => log::LevelFilter::Trace,
         _ => log::LevelFilter::Info,
     };
-    if log::set_boxed_logger(Box::new(Stderr { level })).is_ok() {
+    let tag = if instance.is_empty() {
+        String::new()
+    } else {
+        format!("[{instance}] ")
+    };
+    if log::set_boxed_logger(Box::new(Stderr { level, tag })).is_ok() {
         log::set_max_level(level);
     }
 }

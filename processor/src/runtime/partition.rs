@@ -14,6 +14,7 @@ use airlock_schemas::{
 };
 
 use super::partitioner;
+use super::produce::Span;
 use super::topics::Names;
 use super::wire::{self, OutRecord, header};
 use crate::core::{Core, Effects, Input, TaskContext};
@@ -110,6 +111,9 @@ pub struct PartitionTask {
     staged_outbox: Vec<(u64, OutRecord)>,
     /// Input offsets advanced by the current batch (topic → next offset).
     staged_offsets: BTreeMap<String, i64>,
+    /// The changelog offset this task's next record lands at if nobody else writes there;
+    /// `None` once someone did (see `acknowledged`).
+    changelog_next: Option<i64>,
     pub counters: Counters,
 }
 
@@ -134,6 +138,7 @@ impl PartitionTask {
     ) -> Result<Self> {
         let partition = ctx.partition;
         let next_outbox = read_u64(&store, META_OUTBOX_NEXT, partition)?.unwrap_or(0);
+        let changelog_next = read_i64(&store, Table::Meta, META_CHANGELOG_NEXT, partition)?;
         Ok(PartitionTask {
             task: Task::new(core, store, ctx)?,
             names,
@@ -142,6 +147,7 @@ impl PartitionTask {
             next_outbox,
             staged_outbox: Vec::new(),
             staged_offsets: BTreeMap::new(),
+            changelog_next,
             counters: Counters::default(),
         })
     }
@@ -315,19 +321,39 @@ impl PartitionTask {
         Ok(out)
     }
 
-    /// Marks outbox entries done after the broker acknowledged them; `changelog_next` is the
-    /// offset after the last acknowledged changelog record. Staged: lands with the next batch.
-    pub fn acknowledged(&mut self, sequences: &[u64], changelog_next: Option<i64>) {
+    /// Marks outbox entries done after the broker acknowledged them; `changelog` is where this
+    /// batch's changelog records landed. Staged: lands with the next batch.
+    ///
+    /// The store's known changelog end (`META_CHANGELOG_NEXT`, where the next claim starts
+    /// looking for another owner's records) advances only over offsets this task wrote itself,
+    /// back to back. Records of anyone else in between (a new owner's fence marker and rows,
+    /// while this task is a zombie that has not yet heard of its revocation) freeze it, so the
+    /// next claim reads them, finds the later epoch and rebuilds instead of trusting state the
+    /// fence has voided.
+    pub fn acknowledged(&mut self, sequences: &[u64], changelog: Option<Span>) {
+        let partition = self.partition();
         let store = self.task.store_mut();
         for seq in sequences {
             store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
         }
-        if let Some(next) = changelog_next {
+        let (Some(span), Some(next)) = (changelog, self.changelog_next) else {
+            return;
+        };
+        if span.lowest == next && span.is_contiguous() {
+            self.changelog_next = Some(span.highest + 1);
             store.stage_raw(
                 Table::Meta,
                 META_CHANGELOG_NEXT,
-                Some(next.to_be_bytes().to_vec()),
+                Some((span.highest + 1).to_be_bytes().to_vec()),
             );
+        } else {
+            log::warn!(
+                "partition {partition}: another producer wrote to the changelog between offsets \
+                 {next} and {} (a newer owner?); this task's outputs from now on may be fenced, \
+                 and its next claim rebuilds from the changelog",
+                span.highest
+            );
+            self.changelog_next = None;
         }
     }
 

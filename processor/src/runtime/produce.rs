@@ -30,20 +30,41 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Offsets the broker acknowledged, per topic and partition (the highest of the call).
+/// Offsets the broker acknowledged, per topic and partition.
 #[derive(Clone, Debug, Default)]
 pub struct Acked {
-    highest: HashMap<(String, i32), i64>,
+    spans: HashMap<(String, i32), Span>,
+}
+
+/// The offsets one call's records of one partition landed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub lowest: i64,
+    pub highest: i64,
+    pub count: i64,
+}
+
+impl Span {
+    /// True when nothing but this call's records lies between its lowest and highest offset:
+    /// no other producer wrote to the partition in between.
+    pub fn is_contiguous(&self) -> bool {
+        self.highest - self.lowest + 1 == self.count
+    }
 }
 
 impl Acked {
+    /// The highest acknowledged offset of `topic`'s `partition`.
     pub fn offset_of(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.highest.get(&(topic.to_owned(), partition)).copied()
+        self.span(topic, partition).map(|s| s.highest)
     }
 
     /// The offset after the last acknowledged record of `topic`'s `partition`.
     pub fn next_offset(&self, topic: &str, partition: i32) -> Option<i64> {
         self.offset_of(topic, partition).map(|o| o + 1)
+    }
+
+    pub fn span(&self, topic: &str, partition: i32) -> Option<Span> {
+        self.spans.get(&(topic.to_owned(), partition)).copied()
     }
 }
 
@@ -157,11 +178,20 @@ impl Producer {
                         });
                     }
                 };
-                let entry = acked
-                    .highest
+                let o = delivery.offset;
+                acked
+                    .spans
                     .entry((r.topic.clone(), delivery.partition))
-                    .or_insert(-1);
-                *entry = (*entry).max(delivery.offset);
+                    .and_modify(|s| {
+                        s.lowest = s.lowest.min(o);
+                        s.highest = s.highest.max(o);
+                        s.count += 1;
+                    })
+                    .or_insert(Span {
+                        lowest: o,
+                        highest: o,
+                        count: 1,
+                    });
             }
             Ok(())
         })

@@ -115,16 +115,52 @@ pub struct Report {
     pub fenced_rows: u64,
 }
 
+/// How many times a claim that met a concurrent claimer starts over before giving up.
+const CONTENDED_RETRIES: u32 = 3;
+
 impl Claim {
     /// Takes partition `partition`: returns its task, ready at its stored offsets.
+    ///
+    /// Two instances can claim one partition at once while the group hands it over (the old
+    /// owner was dropped from the group but has not noticed yet). When this claim finds
+    /// another claimer's marker behind its barrier, its local state may hold that owner's
+    /// rows as its own: it is wiped and the claim starts over, taking an epoch above both.
     pub fn take(&self, partition: i32) -> Result<(PartitionTask, Report)> {
+        let mut attempt = 0;
+        loop {
+            match self.try_take(partition) {
+                Err(e @ Error::Contended { .. }) if attempt < CONTENDED_RETRIES => {
+                    attempt += 1;
+                    log::warn!("{e}; rebuilding the partition and claiming again");
+                    self.wipe(partition)?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn wipe(&self, partition: i32) -> Result<()> {
+        let dir = self.state_dir.join(format!("partition-{partition}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|source| Error::Wipe {
+                partition,
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn try_take(&self, partition: i32) -> Result<(PartitionTask, Report)> {
         let mut report = Report::default();
         let dir = self.state_dir.join(format!("partition-{partition}"));
         let mut store = self.open(&dir, partition)?;
         let local_epoch = self.read_i64(&store, META_OWNER_EPOCH, partition)?;
 
-        // Where this store's knowledge of the changelog ends, read before the resend below:
-        // the resend's own acknowledgements land after any other owner's records.
+        // Where this store's knowledge of the changelog ends: it advances only over the
+        // changelog records the previous owner task wrote back to back (see
+        // `PartitionTask::acknowledged`), never past someone else's. The resend below does not
+        // move it: its records land after any other owner's.
         let known_end = self.read_i64(&store, META_CHANGELOG_NEXT, partition)?;
 
         // 1. What the last incarnation committed but may not have produced.
@@ -132,16 +168,9 @@ impl Claim {
         report.resent = pending.len();
         if !pending.is_empty() {
             let records: Vec<OutRecord> = pending.iter().map(|(_, r)| r.clone()).collect();
-            let acked = self.producer.send_phased(&records)?;
+            self.producer.send_phased(&records)?;
             for (seq, _) in &pending {
                 store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
-            }
-            if let Some(next) = acked.next_offset(&self.names.changelog(), partition) {
-                store.stage_raw(
-                    Table::Meta,
-                    META_CHANGELOG_NEXT,
-                    Some(next.to_be_bytes().to_vec()),
-                );
             }
             store
                 .commit()
@@ -177,13 +206,7 @@ impl Claim {
         }
         if stale {
             drop(store);
-            if dir.exists() {
-                std::fs::remove_dir_all(&dir).map_err(|source| Error::Wipe {
-                    partition,
-                    path: dir.clone(),
-                    source,
-                })?;
-            }
+            self.wipe(partition)?;
             store = self.open(&dir, partition)?;
             let started = Instant::now();
             let mut last_log = Instant::now();
@@ -257,7 +280,9 @@ impl Claim {
             high,
             marker_offset + 1,
             |offset, their, record| {
-                if their > epoch || (their == epoch && record.is_some()) {
+                // A later epoch, or our epoch on anything but our own marker: another
+                // instance claimed concurrently.
+                if their > epoch || (their == epoch && offset != marker_offset) {
                     return Err(Error::Contended {
                         partition,
                         ours: epoch,

@@ -431,7 +431,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
                 // The task may have been revoked meanwhile: its next owner resends.
                 if let Some(task) = guard.tasks.get_mut(p) {
                     let seqs: Vec<u64> = sealed.iter().map(|(s, _)| *s).collect();
-                    task.acknowledged(&seqs, acked.next_offset(&names.changelog(), *p));
+                    task.acknowledged(&seqs, acked.span(&names.changelog(), *p));
                 }
             }
         }

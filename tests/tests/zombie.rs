@@ -1,0 +1,129 @@
+//! A zombie that claims its partition again. Instance `a` owns the partition; `b` takes it over
+//! in another group (its fence marker voids everything `a` writes from then on) and leaves;
+//! `a`, which never heard of the takeover, keeps deciding new proposals behind the fence; then
+//! `a` restarts and claims the partition again.
+//!
+//! Its store holds decisions the fence voided, so the claim must not reuse it: it has to see
+//! `b`'s records on the changelog, rebuild, take an epoch above `b`'s, and decide the voided
+//! proposals again. (An earlier version advanced the store's known changelog end over `b`'s
+//! records with `a`'s own acknowledgements, reused the store, claimed `b`'s epoch a second time
+//! and never answered those proposals.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::runtime::wire::{Admit, FENCE_KIND, header};
+use airlock_schemas::ToolProposal;
+use airlock_tests::airlock::Airlock;
+use airlock_tests::eventually;
+use airlock_tests::workload::{self, Lcg};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn stop(mut child: Child) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -TERM {} failed", child.id());
+    let status = child.wait()?;
+    anyhow::ensure!(status.success(), "airlock run exited with {status}");
+    Ok(())
+}
+
+async fn send(a: &Airlock, proposals: &[ToolProposal]) -> anyhow::Result<()> {
+    let producer = a.producer()?;
+    a.send_many(&producer, &a.names.proposals(), proposals, |p| {
+        p.operation_key.as_str()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
+-> anyhow::Result<()> {
+    let a = Airlock::start("zombie", 1).await?;
+    let log = std::env::temp_dir().join(format!("airlock-zombie-{}.log", std::process::id()));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let proposals = workload::proposals(200, now, &mut Lcg(0x2b1e));
+    let (before, behind) = proposals.split_at(100);
+    let ids = |ps: &[ToolProposal]| -> BTreeSet<String> {
+        ps.iter().map(|p| p.proposal_id.clone()).collect()
+    };
+    let all = ids(&proposals);
+
+    // `a` decides the first half.
+    let first = a.spawn_process("a", "group-1", &log)?;
+    send(&a, before).await?;
+    let first_ids = ids(before);
+    eventually("a's replies", WAIT, async || {
+        let d = a.proposal_replies()?;
+        Ok(first_ids.iter().all(|id| d.contains_key(id)).then_some(()))
+    })
+    .await?;
+
+    // `b` claims the partition in another group (a replacement for an instance declared dead),
+    // fences it, and leaves.
+    let b = a.spawn_process("b", "group-2", &log)?;
+    eventually("b's fence marker", WAIT, async || {
+        let markers = a
+            .read_topic(&a.names.changelog())?
+            .iter()
+            .filter(|r| r.header(header::KIND) == Some(FENCE_KIND.as_bytes()))
+            .count();
+        Ok((markers >= 2).then_some(()))
+    })
+    .await?;
+    stop(b)?;
+
+    // `a` still owns the partition in its group and decides the second half behind b's fence.
+    send(&a, behind).await?;
+    // Resends of first-half proposals are answered already; the rest only `a` will decide.
+    let behind_ids: BTreeSet<String> = ids(behind).difference(&first_ids).cloned().collect();
+    eventually("a's fenced replies to the second half", WAIT, async || {
+        let fenced: BTreeSet<String> = a
+            .read_topic(&a.names.decisions())?
+            .into_iter()
+            .filter(|r| matches!(r.admit, Admit::Fenced { .. }))
+            .filter_map(|r| {
+                r.header_str(header::ID)
+                    .and_then(|id| id.strip_prefix("p/"))
+                    .map(str::to_owned)
+            })
+            .collect();
+        Ok(behind_ids.is_subset(&fenced).then_some(()))
+    })
+    .await?;
+    let replies = a.proposal_replies()?;
+    assert!(
+        behind_ids.iter().all(|id| !replies.contains_key(id)),
+        "the fence let a zombie reply through"
+    );
+    stop(first)?;
+
+    // `a` comes back on the same disk and claims again: every proposal gets an admitted reply,
+    // the same as an uninterrupted run's.
+    let again = a.spawn_process("a", "group-3", &log)?;
+    let decided = eventually("a reply to every proposal", WAIT, async || {
+        let d = a.proposal_replies()?;
+        Ok(all.iter().all(|id| d.contains_key(id)).then_some(d))
+    })
+    .await;
+    let decided = match decided {
+        Ok(d) => d,
+        Err(e) => panic!("{e}\n{}", workload::explain_missing(&a, &all, &log)?),
+    };
+    stop(again)?;
+    let text = std::fs::read_to_string(&log)?;
+    let last_claim = text
+        .lines()
+        .rfind(|l| l.contains("[a]") && l.contains("claimed"))
+        .expect("a logged its claims");
+    assert!(
+        last_claim.contains("owner epoch 3") && last_claim.contains("rebuilt"),
+        "a's second claim: {last_claim}"
+    );
+    workload::assert_matches_reference(&a, &decided)?;
+    Ok(())
+}
