@@ -5,10 +5,12 @@
 //! - [`core`]: the deterministic state machine (no I/O, no clock, no randomness).
 //! - [`store`]: typed state over RocksDB or memory, timers, projection hash, atomic batches.
 //! - [`runtime`]: the Kafka shell: configuration, topics.
+//! - [`capability`]: the Ed25519 signature on dispatch commands, and the check workers run.
 //! - [`task`]: one partition's decision loop (decide, stamp, stage, fire timers, commit).
 //! - [`sample`]: the reference configuration and realistic inputs (tests, simulation, bench, demo).
 //! - [`cli`]: subcommands of the `airlock` binary.
 
+pub mod capability;
 pub mod cli;
 pub mod core;
 pub mod runtime;

@@ -43,9 +43,28 @@ impl std::fmt::Debug for Airlock {
     }
 }
 
+/// How [`Airlock::start_with`] sets Airlock up.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Keep the reference registry's attempt timeout caps (10 s) instead of ten minutes: for
+    /// tests that run a connector, where attempt deadlines and reconciliation are the subject.
+    pub reference_attempt_timeouts: bool,
+    /// The processors sign dispatch commands with this key (`capability.signing_key_file`).
+    pub signing_key_file: Option<PathBuf>,
+}
+
 impl Airlock {
     /// Starts a broker and creates every topic with `partitions` partitions.
     pub async fn start(test: &str, partitions: i32) -> anyhow::Result<Airlock> {
+        Self::start_with(test, partitions, Options::default()).await
+    }
+
+    /// [`Airlock::start`] with `options`.
+    pub async fn start_with(
+        test: &str,
+        partitions: i32,
+        options: Options,
+    ) -> anyhow::Result<Airlock> {
         let broker = Broker::start().await?;
         let mut config = Config::default();
         config.kafka.brokers = broker.bootstrap.clone();
@@ -57,7 +76,14 @@ impl Airlock {
         config.processor.checkpoint_interval_ms = 2_000;
         config.state.sync = false;
         let state_root = tempfile::tempdir()?;
-        let dir = reference_config_without_attempt_timeouts(state_root.path())?;
+        let dir = if options.reference_attempt_timeouts {
+            airlock_processor::sample::config_dir()
+        } else {
+            reference_config_without_attempt_timeouts(state_root.path())?
+        };
+        if let Some(key) = options.signing_key_file {
+            config.capability.signing_key_file = key;
+        }
         config.tools.registry = dir.join("tools.toml");
         config.tools.policies = dir.join("policies.cedar");
         config.tools.entities = dir.join("entities.json");
@@ -142,6 +168,10 @@ impl Airlock {
             .env("AIRLOCK_REGISTRY", &config.tools.registry)
             .env("AIRLOCK_POLICIES", &config.tools.policies)
             .env("AIRLOCK_ENTITIES", &config.tools.entities)
+            .env(
+                "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
+                &config.capability.signing_key_file,
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -470,15 +500,38 @@ impl Drop for InProcess {
 
 /// The `airlock` binary built with the workspace (next to the test executable's directory).
 pub fn airlock_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test executable has no parent directory")?;
-    let bin = dir.join("airlock");
+    workspace_binary("airlock", "airlock-processor")
+}
+
+/// The `airlock-connector` binary (the connector worker) built with the workspace.
+pub fn connector_binary() -> anyhow::Result<PathBuf> {
+    workspace_binary("airlock-connector", "airlock-connectors")
+}
+
+/// The `airlock-ledger` binary (the reference ledger) built with the workspace.
+pub fn ledger_binary() -> anyhow::Result<PathBuf> {
+    workspace_binary("airlock-ledger", "airlock-connectors")
+}
+
+/// Binary `name` of workspace package `package`: in `$AIRLOCK_BIN_DIR` when set (binaries of
+/// another build, or copies safe from a target directory that other checkouts share), else
+/// next to the test executable's directory (`cargo test --workspace` builds every package's
+/// binaries).
+fn workspace_binary(name: &str, package: &str) -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("AIRLOCK_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let exe = std::env::current_exe()?;
+            exe.parent()
+                .and_then(Path::parent)
+                .context("test executable has no parent directory")?
+                .to_owned()
+        }
+    };
+    let bin = dir.join(name);
     anyhow::ensure!(
         bin.exists(),
-        "{} is missing: build it with `cargo build -p airlock-processor --bin airlock`",
+        "{} is missing: build it with `cargo build -p {package} --bin {name}`",
         bin.display()
     );
     Ok(bin)

@@ -8,6 +8,7 @@
 //! Every wait in here is bounded: a test that hangs is a failure with a message, not a stuck CI.
 
 pub mod airlock;
+pub mod connector;
 pub mod workload;
 
 use std::net::TcpListener;

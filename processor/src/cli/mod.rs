@@ -7,10 +7,12 @@
 //! - [`topics`]: `airlock topics create` creates the co-partitioned topics.
 //! - [`run`]: `airlock run`, one processor instance.
 //! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
+//! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
 
 pub mod check;
 pub mod fleet;
 pub mod hash;
+pub mod keygen;
 pub mod run;
 pub mod topics;
 
@@ -37,6 +39,9 @@ pub enum Command {
     Run(run::Args),
     /// Publish the seed scenarios as a demo agent fleet and report their decisions.
     Fleet(fleet::Args),
+    /// Write a new Ed25519 key pair for dispatch-command capabilities: `<out>.key` for the
+    /// processor (capability.signing_key_file), `<out>.pub` for connector workers.
+    Keygen(keygen::Args),
 }
 
 impl Cli {
@@ -47,6 +52,7 @@ impl Cli {
             Command::Topics(args) => topics::run(&args, &mut std::io::stdout().lock()),
             Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
             Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
+            Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

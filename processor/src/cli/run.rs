@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 
+use crate::capability;
 use crate::core::{self, Core};
 use crate::runtime::{config::Config, logging, run};
 
@@ -44,7 +45,22 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         registry.tools().count(),
         policy.bundle_hash()
     );
-    Ok(Core::new(registry, policy, core::Config::default()))
+    let core = Core::new(registry, policy, core::Config::default());
+    let key_file = &config.capability.signing_key_file;
+    if key_file.as_os_str().is_empty() {
+        log::warn!(
+            "capability.signing_key_file is not set: dispatch commands leave unsigned, and \
+             connector workers refuse them unless they allow unsigned commands"
+        );
+        return Ok(core);
+    }
+    let key =
+        capability::load_signing_key(key_file).context("loading the capability signing key")?;
+    log::info!(
+        "dispatch commands are signed; verifying key {}",
+        hex::encode(key.verifying_key().to_bytes())
+    );
+    Ok(core.with_capability_key(key))
 }
 
 /// Sets `flag` on the first SIGTERM or SIGINT; a second one exits at once.

@@ -20,6 +20,7 @@
 //! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
+//! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,17 @@ pub struct Config {
     pub batch: Batch,
     pub tools: Tools,
     pub processor: Processor,
+    pub capability: Capability,
+}
+
+/// Signing of dispatch commands (see `crate::capability`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Capability {
+    /// The Ed25519 signing key (64 hex characters or 32 raw bytes; `airlock keygen` writes
+    /// one). Empty leaves dispatch commands unsigned, and connector workers refuse them unless
+    /// they are configured with `allow_unsigned = true`.
+    pub signing_key_file: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -293,6 +305,9 @@ impl Config {
         }
         if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
             self.processor.linger_ms = number("AIRLOCK_LINGER_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CAPABILITY_SIGNING_KEY_FILE") {
+            self.capability.signing_key_file = PathBuf::from(v);
         }
         Ok(())
     }

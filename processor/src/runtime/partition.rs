@@ -17,6 +17,7 @@ use super::partitioner;
 use super::produce::Span;
 use super::topics::Names;
 use super::wire::{self, OutRecord, header};
+use crate::capability;
 use crate::core::{Core, Effects, Input, TaskContext};
 use crate::store::{self, RocksStore, Store, keys::Table};
 use crate::task::{self, Task};
@@ -201,7 +202,6 @@ impl PartitionTask {
 
     /// Decides one input record, or dead-letters it; stages everything, advances the offset.
     pub fn handle_record(&mut self, rec: &InputRecord<'_>) -> Result<()> {
-        self.counters.inputs += 1;
         self.staged_offsets
             .insert(rec.topic.to_owned(), rec.offset + 1);
         self.task.store_mut().stage_raw(
@@ -209,6 +209,13 @@ impl PartitionTask {
             rec.topic.as_bytes(),
             Some((rec.offset + 1).to_be_bytes().to_vec()),
         );
+        // A barrier is a reader learning where the partition ends (a connector worker
+        // rebuilding its started attempts from the outcomes): consumed, neither decided nor
+        // dead-lettered.
+        if rec.key == Some(wire::BARRIER_KEY) && rec.payload.is_none_or(<[u8]>::is_empty) {
+            return Ok(());
+        }
+        self.counters.inputs += 1;
         match self.accept(rec) {
             Ok(input) => {
                 let effects = self.task.handle(&input, rec.timestamp)?;
@@ -541,6 +548,18 @@ impl PartitionTask {
             };
         let mut out = Vec::new();
         for d in &effects.dispatches {
+            // The capability signs the stamped command (owner partition and epoch included).
+            // Ed25519 is deterministic: a re-decided input yields the same bytes.
+            let signed;
+            let d = match self.task.core().capability_key() {
+                Some(key) => {
+                    let mut cmd = d.clone();
+                    cmd.capability = Some(capability::sign(key, &cmd));
+                    signed = cmd;
+                    &signed
+                }
+                None => d,
+            };
             out.push(OutRecord {
                 topic: self.names.dispatch(&d.connector),
                 partition,

@@ -7,7 +7,7 @@
 //!
 //! | header | on | meaning |
 //! | --- | --- | --- |
-//! | `airlock-kind` | every output | `decision`, `dispatch`, `reconcile`, `journal`, `changelog`, `dlq`, `fence`, `barrier` |
+//! | `airlock-kind` | every output | `decision`, `dispatch`, `reconcile`, `journal`, `changelog`, `dlq`, `fence`, `barrier`, `outcome` (connector workers) |
 //! | `airlock-id` | every output | deterministic identity: consumers deduplicate on it |
 //! | `airlock-owner-partition` | every output | the task's partition |
 //! | `airlock-owner-epoch` | every output | the task's owner epoch; a fence marker announces one |
@@ -38,6 +38,9 @@ pub const FENCE_KIND: &str = "fence";
 /// The value of `airlock-kind` on a barrier: a record a task writes to learn where a partition
 /// ends (its acknowledged offset). Carries owner epoch 0, so every fence drops it.
 pub const BARRIER_KIND: &str = "barrier";
+/// The Kafka key of every barrier record. Input topics carry barriers too (a connector learns
+/// the end of an outcomes partition this way); the processor consumes them without deciding.
+pub const BARRIER_KEY: &[u8] = b"\0airlock-barrier";
 /// The Kafka key prefix of fence markers (`\0airlock-fence/<epoch>`): compacted topics refuse
 /// records without a key, and one key per epoch keeps compaction from removing older markers.
 pub const FENCE_KEY_PREFIX: &str = "\0airlock-fence/";
@@ -89,7 +92,7 @@ impl OutRecord {
         OutRecord {
             topic: topic.to_owned(),
             partition,
-            key: Some(b"\0airlock-barrier".to_vec()),
+            key: Some(BARRIER_KEY.to_vec()),
             value: Some(Vec::new()),
             headers: identity(BARRIER_KIND, "barrier", partition, 0),
             phase: 0,

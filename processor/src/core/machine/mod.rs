@@ -75,6 +75,10 @@ pub struct Core {
     registry: Registry,
     policy: Policy,
     config: Config,
+    /// The key the shell signs dispatch commands with (their capability), when one is
+    /// configured. Kept here because the core is what every task of an instance shares; the
+    /// decisions never read it (signing is deterministic, so replays stay byte-identical).
+    capability_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
 }
 
 /// A reply owed to whoever sent an input: verdict, reason, human-readable detail.
@@ -110,7 +114,19 @@ impl Core {
             registry,
             policy,
             config,
+            capability_key: None,
         }
+    }
+
+    /// This core with the key the shell signs dispatch commands with (see `crate::capability`).
+    pub fn with_capability_key(mut self, key: ed25519_dalek::SigningKey) -> Self {
+        self.capability_key = Some(std::sync::Arc::new(key));
+        self
+    }
+
+    /// The key dispatch commands are signed with; `None` leaves them unsigned.
+    pub fn capability_key(&self) -> Option<&ed25519_dalek::SigningKey> {
+        self.capability_key.as_deref()
     }
 
     pub fn registry(&self) -> &Registry {

@@ -1,0 +1,90 @@
+//! The `airlock-connector` binary: one connector worker (see `airlock_connectors::worker`).
+//! SIGTERM or SIGINT stops it after the command at hand; a second signal exits at once (an
+//! attempt in flight then settles through reconciliation).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use airlock_connectors::logging;
+use airlock_connectors::worker::{self, Config};
+use anyhow::Context;
+use clap::Parser;
+
+/// A connector worker: executes Airlock's dispatch commands against a downstream HTTP API, at
+/// most once each, and reports what happened.
+#[derive(Debug, Parser)]
+#[command(name = "airlock-connector", version)]
+struct Args {
+    /// The worker's configuration (TOML; see deploy/config/connector-ledger.toml). Environment
+    /// variables (AIRLOCK_KAFKA_*, AIRLOCK_TOPICS_*, AIRLOCK_CONNECTOR_*) override it.
+    #[arg(long, short, env = "AIRLOCK_CONNECTOR_CONFIG")]
+    config: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock-connector: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let config = Config::load(&args.config).context("loading the configuration")?;
+    logging::init(&config.worker_id());
+    let shutdown = Arc::new(AtomicBool::new(false));
+    watch_signals(shutdown.clone())?;
+    let summary = worker::run(&config, shutdown).context("running the worker")?;
+    println!(
+        "stopped: {} commands, {} committed, {} failed, {} unknown, {} reconciled, {} \
+         dead-lettered, {} duplicates, {} fenced",
+        summary.commands,
+        summary.committed,
+        summary.failed,
+        summary.unknown,
+        summary.reconciled,
+        summary.dead_lettered,
+        summary.duplicates,
+        summary.fenced
+    );
+    Ok(())
+}
+
+/// Sets `flag` on the first SIGTERM or SIGINT; a second one exits at once.
+fn watch_signals(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the signal runtime")?;
+    std::thread::Builder::new()
+        .name("signals".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                let (Ok(mut term), Ok(mut int)) =
+                    (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+                else {
+                    log::error!("cannot install signal handlers; stop with SIGKILL");
+                    return;
+                };
+                for round in 0.. {
+                    tokio::select! {
+                        _ = term.recv() => log::info!("SIGTERM: finishing the command at hand, then stopping"),
+                        _ = int.recv() => log::info!("SIGINT: finishing the command at hand, then stopping"),
+                    }
+                    if round > 0 {
+                        log::warn!("second signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    flag.store(true, Ordering::Relaxed);
+                }
+            });
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}

@@ -1,0 +1,421 @@
+//! A connector worker's configuration: one TOML file (`deploy/config/connector-ledger.toml` is
+//! the worked example), every field with a default except the tools, and environment overrides
+//! for what differs per deployment.
+//!
+//! | field | env override | default |
+//! | --- | --- | --- |
+//! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
+//! | `kafka.properties` | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none |
+//! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
+//! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
+//! | `connector.name` | `AIRLOCK_CONNECTOR_NAME` | required: the registry's connector name |
+//! | `connector.worker_id` | `AIRLOCK_CONNECTOR_WORKER_ID` | `<hostname>-<pid>` |
+//! | `connector.group_id` | `AIRLOCK_CONNECTOR_GROUP_ID` | `<prefix>connector.<name>` |
+//! | `connector.session_timeout_ms` | `AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS` | `10000` |
+//! | `connector.max_poll_interval_ms` | `AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS` | `300000` |
+//! | `connector.reserve_ms` | `AIRLOCK_CONNECTOR_RESERVE_MS` | `500` |
+//! | `connector.reconcile_timeout_ms` | `AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS` | `10000` |
+//! | `connector.max_evidence_bytes` | `AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES` | `4096` |
+//! | `capability.verifying_key_files` | `AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES` (comma separated) | none |
+//! | `capability.allow_unsigned` | `AIRLOCK_CONNECTOR_ALLOW_UNSIGNED` | `false` |
+//! | `http.base_url` | `AIRLOCK_CONNECTOR_BASE_URL` | `http://127.0.0.1:8088` |
+//! | `http.connect_timeout_ms` | `AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS` | `2000` |
+//! | `http.max_response_bytes` | `AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES` | `65536` |
+//! | `[[tool]]` | none | required: see `crate::http::spec` |
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use airlock_processor::capability::{self, VerifyingKey};
+use airlock_processor::runtime::config::{Kafka, Topics};
+use serde::Deserialize;
+
+use crate::http::spec::{self, ToolSpec};
+use crate::http::{HttpConnector, client};
+
+/// Errors of loading the configuration; each names the file, variable or field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("environment variable {name}={value:?}: {message}")]
+    Env {
+        name: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Tool(#[from] spec::Error),
+    #[error(transparent)]
+    Key(#[from] capability::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kafka: Kafka,
+    pub topics: Topics,
+    pub connector: Connector,
+    pub capability: Capability,
+    pub http: Http,
+    #[serde(rename = "tool")]
+    pub tools: Vec<ToolSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Connector {
+    /// The connector name tools name in the registry: the worker consumes
+    /// `<prefix>dispatch.<name>` and executes only commands addressed to it.
+    pub name: String,
+    /// This worker in logs and in the outcomes' `worker_id`; empty = `<hostname>-<pid>`.
+    pub worker_id: String,
+    /// The workers' consumer group; empty = `<prefix>connector.<name>`.
+    pub group_id: String,
+    /// How long the group waits for a silent worker before handing its partitions over.
+    pub session_timeout_ms: u64,
+    /// How long a worker may stay out of `poll` (one downstream call at most): above the
+    /// largest attempt timeout cap of the tools, or the group evicts busy workers.
+    pub max_poll_interval_ms: u64,
+    /// Kept free before a command's attempt deadline: the outcome must still reach the
+    /// processor before it declares the attempt UNKNOWN.
+    pub reserve_ms: u64,
+    /// Bound on one reconciliation lookup.
+    pub reconcile_timeout_ms: u64,
+    /// Evidence (downstream answers, errors) is cut to this many bytes.
+    pub max_evidence_bytes: usize,
+}
+
+impl Default for Connector {
+    fn default() -> Self {
+        Connector {
+            name: String::new(),
+            worker_id: String::new(),
+            group_id: String::new(),
+            session_timeout_ms: 10_000,
+            max_poll_interval_ms: 300_000,
+            reserve_ms: 500,
+            reconcile_timeout_ms: 10_000,
+            max_evidence_bytes: 4_096,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Capability {
+    /// The processor's verifying keys (hex or raw, see `airlock keygen`); several during a key
+    /// rotation. A command must verify under one of them.
+    pub verifying_key_files: Vec<PathBuf>,
+    /// Executes commands without a capability (development only). Signed commands are still
+    /// verified when keys are configured.
+    pub allow_unsigned: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http {
+    /// Replaces `{base_url}` in the tools' URL templates.
+    pub base_url: String,
+    /// Bound on name resolution plus connect (within the attempt's own timeout).
+    pub connect_timeout_ms: u64,
+    /// Bytes of an answer's body read; the rest is left unread.
+    pub max_response_bytes: usize,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            base_url: "http://127.0.0.1:8088".to_owned(),
+            connect_timeout_ms: 2_000,
+            max_response_bytes: 65_536,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies the environment overrides, validates.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = Config::parse(&text, &path.display().to_string())?;
+        config.apply_env(|name| std::env::var(name).ok())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| Error::Parse {
+            path: origin.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies overrides from `lookup` (the environment, or a map in tests).
+    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        fn parsed<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
+        where
+            T::Err: std::fmt::Display,
+        {
+            value.trim().parse().map_err(|e: T::Err| Error::Env {
+                name,
+                value,
+                message: e.to_string(),
+            })
+        }
+        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
+            self.kafka.brokers = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
+            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
+                let Some((k, val)) = pair.split_once('=') else {
+                    return Err(Error::Env {
+                        name: "AIRLOCK_KAFKA_PROPERTIES",
+                        value: v.clone(),
+                        message: format!("{pair:?} is not key=value"),
+                    });
+                };
+                self.kafka
+                    .properties
+                    .insert(k.trim().to_owned(), val.trim().to_owned());
+            }
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
+            self.topics.prefix = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
+            self.topics.partitions = parsed("AIRLOCK_TOPICS_PARTITIONS", v)?;
+        }
+        let c = &mut self.connector;
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_NAME") {
+            c.name = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_WORKER_ID") {
+            c.worker_id = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_GROUP_ID") {
+            c.group_id = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS") {
+            c.session_timeout_ms = parsed("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS") {
+            c.max_poll_interval_ms = parsed("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_RESERVE_MS") {
+            c.reserve_ms = parsed("AIRLOCK_CONNECTOR_RESERVE_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS") {
+            c.reconcile_timeout_ms = parsed("AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES") {
+            c.max_evidence_bytes = parsed("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES") {
+            self.capability.verifying_key_files = v
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .collect();
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED") {
+            self.capability.allow_unsigned = parsed("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_BASE_URL") {
+            self.http.base_url = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS") {
+            self.http.connect_timeout_ms = parsed("AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES") {
+            self.http.max_response_bytes = parsed("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES", v)?;
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, message: &str| {
+            Err(Error::Invalid {
+                field,
+                message: message.to_owned(),
+            })
+        };
+        if self.kafka.brokers.trim().is_empty() {
+            return invalid("kafka.brokers", "must name at least one broker");
+        }
+        if !(1..=10_000).contains(&self.topics.partitions) {
+            return invalid("topics.partitions", "must be between 1 and 10000");
+        }
+        let c = &self.connector;
+        let legal = |ch: char| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-');
+        if c.name.is_empty() || !c.name.chars().all(legal) {
+            return invalid(
+                "connector.name",
+                "must be the registry's connector name (ASCII letters, digits, '.', '_', '-')",
+            );
+        }
+        if c.session_timeout_ms < 1_000 {
+            return invalid("connector.session_timeout_ms", "must be at least 1000");
+        }
+        if c.max_poll_interval_ms < c.session_timeout_ms {
+            return invalid(
+                "connector.max_poll_interval_ms",
+                "must be at least connector.session_timeout_ms",
+            );
+        }
+        if c.max_evidence_bytes < 64 {
+            return invalid("connector.max_evidence_bytes", "must be at least 64");
+        }
+        if c.reconcile_timeout_ms == 0 {
+            return invalid("connector.reconcile_timeout_ms", "must be more than 0");
+        }
+        if self.capability.verifying_key_files.is_empty() && !self.capability.allow_unsigned {
+            return invalid(
+                "capability.verifying_key_files",
+                "is empty while allow_unsigned is false: every command would be refused (give \
+                 the processor's verifying key, or allow unsigned commands for development)",
+            );
+        }
+        client::target(&format!("{}/", self.http.base_url.trim_end_matches('/'))).map_err(
+            |message| Error::Invalid {
+                field: "http.base_url",
+                message,
+            },
+        )?;
+        if self.tools.is_empty() {
+            return invalid("tool", "at least one [[tool]] must be described");
+        }
+        Ok(())
+    }
+
+    /// The worker id: configured, or `<hostname>-<pid>`.
+    pub fn worker_id(&self) -> String {
+        if !self.connector.worker_id.is_empty() {
+            return self.connector.worker_id.clone();
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "connector".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+
+    /// The workers' consumer group: configured, or `<prefix>connector.<name>`.
+    pub fn group_id(&self) -> String {
+        if self.connector.group_id.is_empty() {
+            format!("{}connector.{}", self.topics.prefix, self.connector.name)
+        } else {
+            self.connector.group_id.clone()
+        }
+    }
+
+    /// The trusted verifying keys, read from their files.
+    pub fn verifying_keys(&self) -> Result<Vec<VerifyingKey>> {
+        self.capability
+            .verifying_key_files
+            .iter()
+            .map(|p| capability::load_verifying_key(p).map_err(Error::from))
+            .collect()
+    }
+
+    /// The HTTP connector the tools describe (`{env:NAME}` resolved from the environment).
+    pub fn http_connector(&self) -> Result<HttpConnector> {
+        Ok(HttpConnector::new(
+            &self.http.base_url,
+            &self.tools,
+            client::Limits {
+                connect_timeout: Duration::from_millis(self.http.connect_timeout_ms),
+                max_body: self.http.max_response_bytes,
+            },
+            self.connector.max_evidence_bytes,
+            &|name| std::env::var(name).ok(),
+        )?)
+    }
+
+    /// librdkafka settings shared by every client: brokers, then the pass-through properties.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.kafka.brokers);
+        for (k, v) in &self.kafka.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn example() -> Config {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/connector-ledger.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        Config::parse(&text, "connector-ledger.toml").unwrap()
+    }
+
+    #[test]
+    fn the_example_file_describes_the_ledger_tools() {
+        let config = example();
+        config.validate().unwrap();
+        assert_eq!(config.connector.name, "ledger");
+        assert!(!config.capability.allow_unsigned);
+        let http = config.http_connector().unwrap();
+        let tools: Vec<&str> = http.tools().collect();
+        assert!(
+            tools.contains(&"refund") && tools.contains(&"debit"),
+            "{tools:?}"
+        );
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file() {
+        let mut config = example();
+        let env = BTreeMap::from([
+            ("AIRLOCK_CONNECTOR_BASE_URL", "http://127.0.0.1:9999"),
+            ("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES", "a.pub, b.pub"),
+            ("AIRLOCK_CONNECTOR_RESERVE_MS", "750"),
+            ("AIRLOCK_TOPICS_PREFIX", "t."),
+        ]);
+        config
+            .apply_env(|n| env.get(n).map(|v| (*v).to_owned()))
+            .unwrap();
+        assert_eq!(config.http.base_url, "http://127.0.0.1:9999");
+        assert_eq!(config.capability.verifying_key_files.len(), 2);
+        assert_eq!(config.connector.reserve_ms, 750);
+        assert_eq!(config.group_id(), "t.connector.ledger");
+    }
+
+    #[test]
+    fn a_worker_that_would_refuse_everything_does_not_start() {
+        let mut config = example();
+        config.capability.verifying_key_files.clear();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("allow_unsigned"), "{err}");
+        config.capability.allow_unsigned = true;
+        config.validate().unwrap();
+        config.http.base_url = "https://ledger".to_owned();
+        assert!(config.validate().is_err());
+    }
+}

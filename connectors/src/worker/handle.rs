@@ -1,0 +1,281 @@
+//! One command, start to finish (DESIGN.md section 7). For a dispatch:
+//!
+//! 1. refuse what must not run (dead letter, never an outcome): undecodable, misplaced,
+//!    unsigned, forged, altered arguments, expired;
+//! 2. refuse an epoch at or below one already started for the key (fence 2), and a command of
+//!    an owner epoch behind the partition's fence (fence 1);
+//! 3. produce `ATTEMPT_STARTED` and wait for its acknowledgement, then commit the dispatch
+//!    offset synchronously: a worker that lost the partition fails here and calls nothing;
+//! 4. call downstream once with `timeout = min(attempt_timeout_ms, attempt_deadline_at - now -
+//!    reserve_ms)` (no time left: no call, FAILED "not called");
+//! 5. produce COMMITTED, FAILED or UNKNOWN with bounded evidence.
+//!
+//! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
+//! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN. Nothing is ever retried.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::capability::Refused;
+use airlock_processor::runtime::produce::{self, Producer};
+use airlock_schemas::{DispatchCommand, OutcomeKind, ReconcileCommand};
+
+use super::check::{Checker, Command};
+use super::report::{self, Attempt, Reporter, Source};
+use super::started::Started;
+use crate::http::{HttpConnector, Observation};
+
+/// What handling a command may fail with: only the outcome or dead letter could not be
+/// produced (the process stops; the processor's attempt deadline and reconciliation take over).
+pub type Result<T, E = produce::Error> = std::result::Result<T, E>;
+
+/// What became of one record, for the counters and the tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    DeadLettered,
+    /// A redelivery of a started epoch, or a superseded epoch.
+    Duplicate,
+    /// Written by an owner behind the partition's fence.
+    Fenced,
+    /// Started, but the offset commit failed: not called.
+    Abandoned,
+    /// Called (or not, for lack of time or description) and reported.
+    Executed(OutcomeKind),
+    Reconciled(OutcomeKind),
+}
+
+/// Everything a command needs, shared by every partition of the worker.
+#[derive(Debug)]
+pub struct Handler {
+    pub checker: Checker,
+    pub reporter: Reporter,
+    pub http: HttpConnector,
+    pub producer: std::sync::Arc<Producer>,
+    /// Drives the downstream calls (the producer has its own).
+    pub runtime: tokio::runtime::Runtime,
+    pub reserve_ms: i64,
+    pub reconcile_timeout: Duration,
+}
+
+/// A record read from a dispatch partition, with the fence it was read under.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    pub source: Source<'a>,
+    /// The highest owner-epoch fence marker read on this partition so far.
+    pub fence: i64,
+}
+
+pub fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Handler {
+    /// Handles one accepted (not fenced by its header) record. `commit` commits the offset
+    /// after it synchronously and says whether the group took it.
+    pub fn handle(
+        &self,
+        record: Record<'_>,
+        started: &mut Started,
+        commit: impl FnOnce() -> bool,
+    ) -> Result<Handled> {
+        let source = record.source;
+        let command = match self
+            .checker
+            .command(source.partition, source.key, source.payload)
+        {
+            Ok(c) => c,
+            Err(refusal) => {
+                self.dead_letter(source, refusal.reason, &refusal.detail)?;
+                commit();
+                return Ok(Handled::DeadLettered);
+            }
+        };
+        match command {
+            Command::Dispatch(cmd) => self.dispatch(record, &cmd, started, commit),
+            Command::Reconcile(cmd) => {
+                let handled = self.reconcile(source.partition, &cmd)?;
+                commit();
+                Ok(handled)
+            }
+        }
+    }
+
+    fn dispatch(
+        &self,
+        record: Record<'_>,
+        cmd: &DispatchCommand,
+        started: &mut Started,
+        commit: impl FnOnce() -> bool,
+    ) -> Result<Handled> {
+        let source = record.source;
+        let key = cmd.operation_key.as_str();
+        let arguments = match self.checker.authorize(cmd, wall_ms()) {
+            Ok(arguments) => arguments,
+            // An authentic command of an attempt that already started is a redelivery, even
+            // when it has expired since.
+            Err(Refused::Expired { .. }) if started.refuses(key, cmd.epoch) => {
+                log::info!("{key}#{}: redelivered after it started; ignored", cmd.epoch);
+                commit();
+                return Ok(Handled::Duplicate);
+            }
+            Err(refused) => {
+                self.dead_letter(source, refused.code(), &refused.to_string())?;
+                commit();
+                return Ok(Handled::DeadLettered);
+            }
+        };
+        if started.refuses(key, cmd.epoch) {
+            log::info!(
+                "{key}#{}: epoch {} already started here; refused (redelivery or superseded)",
+                cmd.epoch,
+                started.get(key).unwrap_or_default()
+            );
+            commit();
+            return Ok(Handled::Duplicate);
+        }
+        // The header passed the fence; the signed owner epoch must too (a header can be
+        // rewritten, the signature cannot).
+        if cmd.owner_epoch < record.fence {
+            log::warn!(
+                "{key}#{}: issued by owner epoch {} behind the fence {} of partition {}; ignored",
+                cmd.epoch,
+                cmd.owner_epoch,
+                record.fence,
+                source.partition
+            );
+            commit();
+            return Ok(Handled::Fenced);
+        }
+        let attempt = Attempt {
+            operation_key: key,
+            epoch: cmd.epoch,
+            partition: source.partition,
+            owner_epoch: cmd.owner_epoch,
+            round: None,
+        };
+        let (_, started_record) =
+            self.reporter
+                .outcome(attempt, OutcomeKind::AttemptStarted, None, None, wall_ms());
+        self.producer.send_phased(&[started_record])?;
+        started.record(key, cmd.epoch);
+        if !commit() {
+            log::error!(
+                "{key}#{}: ATTEMPT_STARTED is recorded but the offset commit failed (this worker \
+                 probably lost the partition): not calling; the attempt settles through \
+                 reconciliation",
+                cmd.epoch
+            );
+            return Ok(Handled::Abandoned);
+        }
+        let max_evidence = self.http.max_evidence();
+        let began = Instant::now();
+        let observation = match self.http.request(cmd, &arguments) {
+            Err(why) => Observation::not_called(why, max_evidence),
+            Ok(request) => {
+                let now = wall_ms();
+                let left = cmd.attempt_deadline_at - now - self.reserve_ms;
+                let cap = if cmd.attempt_timeout_ms > 0 {
+                    cmd.attempt_timeout_ms
+                } else {
+                    i64::MAX
+                };
+                let timeout = left.min(cap);
+                if timeout <= 0 {
+                    Observation::not_called(
+                        format!(
+                            "no time left: the attempt deadline is {} ms away and {} ms are \
+                             reserved for reporting",
+                            cmd.attempt_deadline_at - now,
+                            self.reserve_ms
+                        ),
+                        max_evidence,
+                    )
+                } else {
+                    log::info!(
+                        "{key}#{}: started; calling {} {} (timeout {timeout} ms)",
+                        cmd.epoch,
+                        request.method,
+                        request.url
+                    );
+                    let timeout = Duration::from_millis(timeout as u64);
+                    self.runtime
+                        .block_on(self.http.call(&cmd.tool, &request, timeout))
+                }
+            }
+        };
+        let kind = report::kind_of(&observation, false);
+        log::info!(
+            "{key}#{}: {} after {} ms{}: {}",
+            cmd.epoch,
+            kind.as_str(),
+            began.elapsed().as_millis(),
+            observation
+                .provider_reference
+                .as_deref()
+                .map(|r| format!(" (provider reference {r})"))
+                .unwrap_or_default(),
+            first_line(&observation.evidence)
+        );
+        let (_, outcome) = self.reporter.outcome(
+            attempt,
+            kind,
+            Some(observation.evidence),
+            observation.provider_reference,
+            wall_ms(),
+        );
+        self.producer.send_phased(&[outcome])?;
+        Ok(Handled::Executed(kind))
+    }
+
+    fn reconcile(&self, partition: i32, cmd: &ReconcileCommand) -> Result<Handled> {
+        let key = cmd.operation_key.as_str();
+        let observation = self
+            .runtime
+            .block_on(self.http.reconcile(cmd, self.reconcile_timeout));
+        let kind = report::kind_of(&observation, true);
+        log::info!(
+            "{key}#{} reconcile round {}: {}: {}",
+            cmd.epoch,
+            cmd.round,
+            kind.as_str(),
+            first_line(&observation.evidence)
+        );
+        let attempt = Attempt {
+            operation_key: key,
+            epoch: cmd.epoch,
+            partition,
+            owner_epoch: cmd.owner_epoch,
+            round: Some(cmd.round),
+        };
+        let (_, outcome) = self.reporter.outcome(
+            attempt,
+            kind,
+            Some(observation.evidence),
+            observation.provider_reference,
+            wall_ms(),
+        );
+        self.producer.send_phased(&[outcome])?;
+        Ok(Handled::Reconciled(kind))
+    }
+
+    fn dead_letter(&self, source: Source<'_>, reason: &str, detail: &str) -> Result<()> {
+        log::warn!(
+            "{} partition {} offset {}: refused {reason}: {detail}",
+            source.topic,
+            source.partition,
+            source.offset
+        );
+        let record = self.reporter.dead_letter(source, reason, detail);
+        self.producer.send_phased(&[record])?;
+        Ok(())
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    let line = text.lines().next().unwrap_or("");
+    match line.char_indices().nth(200) {
+        Some((i, _)) => &line[..i],
+        None => line,
+    }
+}

@@ -1,0 +1,395 @@
+//! `airlock-connector`: one worker of a connector's consumer group over
+//! `<prefix>dispatch.<connector>` (range assignor, the processor's partition count).
+//!
+//! On gaining a partition the worker rebuilds the attempts started there from the outcomes
+//! partition (`started`), reads the group's committed offset, and reads the dispatch partition
+//! from its beginning: records before the committed offset only teach the fence filter the
+//! owner-epoch markers (fence 1 needs the highest marker, wherever it is); records from the
+//! committed offset on are handled one at a time (`handle`). On losing a partition its state
+//! is dropped. SIGTERM/SIGINT stop after the record at hand (a call in flight finishes, bounded
+//! by its timeout), then the worker leaves the group.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::runtime::topics::{self, Names};
+use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, header};
+use airlock_schemas::{Codec, OutcomeKind};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::message::Headers;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+
+use super::check::Checker;
+use super::config::{self, Config};
+use super::handle::{Handled, Handler, Record};
+use super::report::{Reporter, Source};
+use super::started::{self, Started};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::Error),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Topics(#[from] topics::Error),
+    #[error(transparent)]
+    Produce(#[from] produce::Error),
+    #[error(transparent)]
+    Rebuild(#[from] started::Error),
+    #[error("starting the HTTP runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a worker did, reported when it stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub commands: u64,
+    pub committed: u64,
+    pub failed: u64,
+    pub unknown: u64,
+    pub reconciled: u64,
+    pub dead_lettered: u64,
+    pub duplicates: u64,
+    pub fenced: u64,
+    pub abandoned: u64,
+}
+
+impl Summary {
+    fn count(&mut self, handled: Handled) {
+        self.commands += 1;
+        match handled {
+            Handled::DeadLettered => self.dead_lettered += 1,
+            Handled::Duplicate => self.duplicates += 1,
+            Handled::Fenced => self.fenced += 1,
+            Handled::Abandoned => self.abandoned += 1,
+            Handled::Executed(OutcomeKind::Committed) => self.committed += 1,
+            Handled::Executed(OutcomeKind::Failed) => self.failed += 1,
+            Handled::Executed(_) => self.unknown += 1,
+            Handled::Reconciled(_) => self.reconciled += 1,
+        }
+    }
+}
+
+/// One owned dispatch partition.
+#[derive(Debug)]
+struct Owned {
+    /// Records below this offset were handled (the group's committed offset, then progress).
+    next: i64,
+    started: Started,
+}
+
+struct Shared {
+    owned: BTreeMap<i32, Owned>,
+    fatal: Option<Error>,
+}
+
+struct Ctx {
+    shared: Arc<Mutex<Shared>>,
+    /// Reads outcomes and the group's committed offsets; never joins the group.
+    reader: BaseConsumer,
+    producer: Arc<Producer>,
+    dispatch: String,
+    outcomes: String,
+    connector: String,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let mut shared = lock(&self.shared);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                if let Err(e) = self.assign(consumer, &mut shared, tpl) {
+                    log::error!("taking partitions: {e}");
+                    shared.fatal.get_or_insert(e);
+                    shared.owned.clear();
+                    if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
+                        log::error!("releasing the assignment: {e}");
+                    }
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let revoked: BTreeSet<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                log::info!("partitions {revoked:?} revoked");
+                shared.owned.clear();
+                if let Err(e) = consumer.unassign() {
+                    log::error!("unassigning: {e}");
+                }
+            }
+            other => {
+                log::error!("rebalance error {other:?}: dropping every partition");
+                shared.owned.clear();
+                if let Err(e) = consumer.unassign() {
+                    log::error!("unassigning: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Ctx {
+    fn assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        shared: &mut Shared,
+        tpl: &TopicPartitionList,
+    ) -> Result<()> {
+        let partitions: BTreeSet<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        let mut wanted = TopicPartitionList::new();
+        for &p in &partitions {
+            wanted.add_partition(&self.dispatch, p);
+        }
+        let committed = self
+            .reader
+            .committed_offsets(wanted, Duration::from_secs(30))?;
+        shared.owned.clear();
+        let mut assignment = TopicPartitionList::new();
+        for &p in &partitions {
+            let (started, report) = started::rebuild(
+                &self.reader,
+                &self.producer,
+                &self.outcomes,
+                p,
+                &self.connector,
+                Duration::from_secs(60),
+            )?;
+            let next = committed
+                .find_partition(&self.dispatch, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            log::info!(
+                "partition {p}: {} started attempts rebuilt from {} offsets {}..{} ({} outcomes \
+                 read); handling dispatch commands from offset {next}",
+                started.len(),
+                self.outcomes,
+                report.from,
+                report.end,
+                report.outcomes
+            );
+            // From the beginning: the fence markers before `next` still count.
+            assignment.add_partition_offset(&self.dispatch, p, Offset::Beginning)?;
+            shared.owned.insert(p, Owned { next, started });
+        }
+        consumer.assign(&assignment)?;
+        Ok(())
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs one worker until `shutdown` is set or a fatal error.
+pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
+    let names = Names::new(&config.topics.prefix);
+    let dispatch = names.dispatch(&config.connector.name);
+    let worker_id = config.worker_id();
+    let keys = config.verifying_keys()?;
+    let http = config.http_connector()?;
+
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        config.client_config().create()?;
+    let counts = topics::partition_counts(&admin, Duration::from_secs(30))?;
+    drop(admin);
+    let mismatched: Vec<(String, i32)> = [dispatch.clone(), names.outcomes(), names.dlq()]
+        .into_iter()
+        .filter_map(|t| match counts.get(&t) {
+            Some(n) if *n == config.topics.partitions => None,
+            Some(n) => Some((t, *n)),
+            None => Some((t, 0)),
+        })
+        .collect();
+    if !mismatched.is_empty() {
+        return Err(topics::Error::NotCopartitioned {
+            expected: config.topics.partitions,
+            mismatched,
+        }
+        .into());
+    }
+
+    let producer = Arc::new(Producer::new(&config.client_config(), 0)?);
+    let mut reader_config = config.client_config();
+    reader_config
+        .set("group.id", config.group_id())
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "20");
+    let reader: BaseConsumer = reader_config.create()?;
+    let shared = Arc::new(Mutex::new(Shared {
+        owned: BTreeMap::new(),
+        fatal: None,
+    }));
+    let ctx = Ctx {
+        shared: shared.clone(),
+        reader,
+        producer: producer.clone(),
+        dispatch: dispatch.clone(),
+        outcomes: names.outcomes(),
+        connector: config.connector.name.clone(),
+    };
+    let c = &config.connector;
+    let mut consumer_config = config.client_config();
+    consumer_config
+        .set("group.id", config.group_id())
+        .set("client.id", &worker_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range")
+        .set("session.timeout.ms", c.session_timeout_ms.to_string())
+        .set("max.poll.interval.ms", c.max_poll_interval_ms.to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (c.session_timeout_ms / 4).max(250).to_string(),
+        )
+        .set("enable.partition.eof", "false");
+    let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
+    consumer.subscribe(&[dispatch.as_str()])?;
+
+    let handler = Handler {
+        checker: Checker {
+            connector: c.name.clone(),
+            partitions: config.topics.partitions,
+            keys,
+            allow_unsigned: config.capability.allow_unsigned,
+            codec: Codec::new(),
+        },
+        reporter: Reporter {
+            names: names.clone(),
+            connector: c.name.clone(),
+            worker_id: worker_id.clone(),
+            codec: Codec::new(),
+        },
+        http,
+        producer: producer.clone(),
+        runtime: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::Runtime)?,
+        reserve_ms: c.reserve_ms as i64,
+        reconcile_timeout: Duration::from_millis(c.reconcile_timeout_ms),
+    };
+    if config.capability.allow_unsigned {
+        log::warn!("allow_unsigned = true: commands without a capability are executed");
+    }
+    log::info!(
+        "worker {worker_id}: connector {} consuming {dispatch} in group {} ({} trusted keys, tools {:?})",
+        c.name,
+        config.group_id(),
+        handler.checker.keys.len(),
+        handler.http.tools().collect::<Vec<_>>()
+    );
+
+    let mut filter = FenceFilter::default();
+    let mut summary = Summary::default();
+    while !shutdown.load(Ordering::Relaxed) {
+        let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        if let Some(e) = lock(&shared).fatal.take() {
+            return Err(e);
+        }
+        let message = match polled {
+            Ok(m) => m,
+            Err(e) => {
+                log::warn!("consumer: {e}");
+                continue;
+            }
+        };
+        let (partition, offset) = (message.partition(), message.offset());
+        let headers: Vec<(&str, &[u8])> = message
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let barrier = headers
+            .iter()
+            .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
+        let admit = if barrier {
+            None
+        } else {
+            Some(filter.admit(&dispatch, partition, headers.iter().copied()))
+        };
+        // The partition's state leaves the map while its record is handled: the rebalance
+        // callback runs only inside `poll`, never meanwhile.
+        let Some(mut owned) = lock(&shared).owned.remove(&partition) else {
+            continue;
+        };
+        let handled = if offset < owned.next {
+            None
+        } else {
+            owned.next = offset + 1;
+            match admit {
+                None | Some(Admit::Marker(_)) => None,
+                Some(Admit::Fenced { owner_epoch, fence }) => {
+                    log::warn!(
+                        "{dispatch} partition {partition} offset {offset}: written by owner epoch \
+                         {owner_epoch} behind the fence {fence}; ignored"
+                    );
+                    Some(Handled::Fenced)
+                }
+                Some(Admit::Accept) => {
+                    let record = Record {
+                        source: Source {
+                            topic: &dispatch,
+                            partition,
+                            offset,
+                            key: message.key(),
+                            payload: message.payload(),
+                        },
+                        fence: filter.fence(&dispatch, partition),
+                    };
+                    let commit = || commit_sync(&consumer, &dispatch, partition, offset + 1);
+                    Some(handler.handle(record, &mut owned.started, commit)?)
+                }
+            }
+        };
+        lock(&shared).owned.insert(partition, owned);
+        if let Some(handled) = handled {
+            summary.count(handled);
+        }
+    }
+
+    log::info!("worker {worker_id}: stopping ({summary:?})");
+    consumer.unsubscribe();
+    drop(consumer);
+    producer.flush(Duration::from_secs(30))?;
+    Ok(summary)
+}
+
+/// Commits `offset` of the dispatch partition synchronously: true when the group took it.
+fn commit_sync(consumer: &BaseConsumer<Ctx>, topic: &str, partition: i32, offset: i64) -> bool {
+    let mut tpl = TopicPartitionList::new();
+    if let Err(e) = tpl.add_partition_offset(topic, partition, Offset::Offset(offset)) {
+        log::error!("committing {topic} partition {partition} offset {offset}: {e}");
+        return false;
+    }
+    match consumer.commit(&tpl, CommitMode::Sync) {
+        Ok(()) => true,
+        Err(e) => {
+            log::error!("committing {topic} partition {partition} offset {offset}: {e}");
+            false
+        }
+    }
+}

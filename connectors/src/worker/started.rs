@@ -1,0 +1,206 @@
+//! Fence 2 on the connector side (DESIGN.md section 5): the attempts this connector has
+//! started, per operation key, so that a command whose epoch is not above the highest started
+//! one is refused (a redelivery, a resend of the processor's outbox, a superseded epoch).
+//!
+//! The record of truth is the outcomes topic: a worker produces `ATTEMPT_STARTED` and waits
+//! for its acknowledgement before calling downstream. A worker that gains a dispatch partition
+//! rebuilds the map from the co-partitioned outcomes partition before it reads a command
+//! there. The end of that partition is learnt read-your-writes, from the acknowledged offset of
+//! a barrier record (tansu 0.6 reports high watermarks that can stop inside the last batch).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::runtime::wire::{self, OutRecord};
+use airlock_schemas::{Codec, Outcome, OutcomeKind};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+/// Errors of rebuilding; each names the partition.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("outcomes partition {partition}: kafka: {source}")]
+    Kafka {
+        partition: i32,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    #[error(transparent)]
+    Produce(#[from] produce::Error),
+    #[error(
+        "outcomes partition {partition}: no progress reading at offset {at} (end {end}) for {stalled:?}"
+    )]
+    Stalled {
+        partition: i32,
+        at: i64,
+        end: i64,
+        stalled: Duration,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The highest started attempt epoch per operation key, on one partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Started {
+    epochs: HashMap<String, i64>,
+}
+
+impl Started {
+    /// The highest epoch started for `key`.
+    pub fn get(&self, key: &str) -> Option<i64> {
+        self.epochs.get(key).copied()
+    }
+
+    /// True when `epoch` of `key` may not start: an equal or higher epoch already did.
+    pub fn refuses(&self, key: &str, epoch: i64) -> bool {
+        self.get(key).is_some_and(|started| epoch <= started)
+    }
+
+    pub fn record(&mut self, key: &str, epoch: i64) {
+        let e = self.epochs.entry(key.to_owned()).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    pub fn len(&self) -> usize {
+        self.epochs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.epochs.is_empty()
+    }
+
+    /// Takes one outcome read back: only `ATTEMPT_STARTED` of `connector` counts.
+    pub fn learn(&mut self, connector: &str, outcome: &Outcome) {
+        if outcome.kind == OutcomeKind::AttemptStarted && outcome.connector == connector {
+            self.record(&outcome.operation_key, outcome.epoch);
+        }
+    }
+}
+
+/// What a rebuild read, for the log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub from: i64,
+    pub end: i64,
+    pub outcomes: u64,
+    pub unreadable: u64,
+}
+
+/// Rebuilds the started attempts of `connector` from partition `partition` of `topic` (the
+/// outcomes): from its low watermark to a barrier produced now.
+pub fn rebuild(
+    reader: &BaseConsumer,
+    producer: &Producer,
+    topic: &str,
+    partition: i32,
+    connector: &str,
+    stall_timeout: Duration,
+) -> Result<(Started, Report)> {
+    let kafka = |source| Error::Kafka { partition, source };
+    let (low, _) = reader
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .map_err(kafka)?;
+    let acked = producer.send_phased(&[OutRecord::barrier(topic, partition)])?;
+    let end = acked
+        .offset_of(topic, partition)
+        .expect("the barrier was acknowledged");
+    let mut started = Started::default();
+    let mut report = Report {
+        from: low,
+        end,
+        ..Report::default()
+    };
+    if low >= end {
+        return Ok((started, report));
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(low))
+        .map_err(kafka)?;
+    reader.assign(&tpl).map_err(kafka)?;
+    let codec = Codec::new();
+    let mut at = low;
+    let mut progress = Instant::now();
+    let result = (|| {
+        while at < end {
+            let Some(message) = reader.poll(Duration::from_millis(200)) else {
+                if progress.elapsed() > stall_timeout {
+                    return Err(Error::Stalled {
+                        partition,
+                        at,
+                        end,
+                        stalled: progress.elapsed(),
+                    });
+                }
+                continue;
+            };
+            let message = message.map_err(kafka)?;
+            progress = Instant::now();
+            at = message.offset() + 1;
+            if message.offset() >= end {
+                break;
+            }
+            let barrier = message.headers().is_some_and(|hs| {
+                hs.iter().any(|h| {
+                    h.key == wire::header::KIND && h.value == Some(wire::BARRIER_KIND.as_bytes())
+                })
+            });
+            if barrier {
+                continue;
+            }
+            // Outcomes of other connectors and records that are not outcomes (the processor
+            // dead-letters those) say nothing about this connector's attempts.
+            match message.payload().map(|p| codec.decode_as::<Outcome>(p)) {
+                Some(Ok(outcome)) => {
+                    report.outcomes += 1;
+                    started.learn(connector, &outcome);
+                }
+                _ => report.unreadable += 1,
+            }
+        }
+        Ok(())
+    })();
+    reader.unassign().map_err(kafka)?;
+    result.map(|()| (started, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(key: &str, epoch: i64, kind: OutcomeKind, connector: &str) -> Outcome {
+        let mut o = airlock_processor::sample::outcome(key, epoch, kind, "");
+        o.connector = connector.to_owned();
+        o
+    }
+
+    #[test]
+    fn an_epoch_at_or_below_a_started_one_is_refused() {
+        let mut s = Started::default();
+        s.learn(
+            "ledger",
+            &outcome("k", 2, OutcomeKind::AttemptStarted, "ledger"),
+        );
+        s.learn(
+            "ledger",
+            &outcome("k", 1, OutcomeKind::AttemptStarted, "ledger"),
+        );
+        assert!(s.refuses("k", 1));
+        assert!(s.refuses("k", 2));
+        assert!(!s.refuses("k", 3));
+        assert!(!s.refuses("other", 1));
+    }
+
+    #[test]
+    fn only_this_connectors_started_attempts_count() {
+        let mut s = Started::default();
+        s.learn("ledger", &outcome("k", 4, OutcomeKind::Committed, "ledger"));
+        s.learn(
+            "ledger",
+            &outcome("k", 5, OutcomeKind::AttemptStarted, "http"),
+        );
+        assert!(s.is_empty());
+    }
+}

@@ -1,0 +1,422 @@
+//! Connector workers against a real broker, a real processor and the reference ledger: the
+//! failures Airlock exists for end in exactly one business effect, and commands the processor
+//! did not sign never reach the ledger.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::capability::{self, SigningKey};
+use airlock_processor::core::canonical;
+use airlock_processor::runtime::partitioner;
+use airlock_processor::runtime::wire::{Admit, header};
+use airlock_processor::sample;
+use airlock_schemas::{Codec, Decision, DispatchCommand, Outcome, OutcomeKind, Verdict};
+use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::connector::{Keys, Ledger};
+use airlock_tests::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+const PARTITIONS: i32 = 2;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn log_file(test: &str, what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "airlock-connector-{test}-{what}-{}.log",
+        std::process::id()
+    ))
+}
+
+/// The accounts every scenario moves money on.
+const ACCOUNTS: [(&str, &str, &str, i64); 1] = [("acme", "acct-42", "EUR", 10_000_000)];
+
+async fn signed_airlock(test: &str, keys: &Keys) -> anyhow::Result<Airlock> {
+    Airlock::start_with(
+        test,
+        PARTITIONS,
+        Options {
+            reference_attempt_timeouts: true,
+            signing_key_file: Some(keys.signing_file.clone()),
+        },
+    )
+    .await
+}
+
+fn outcomes_of(a: &Airlock, key: &str) -> anyhow::Result<Vec<Outcome>> {
+    Ok(
+        a.read_deduplicated::<Outcome>(&a.names.outcomes(), "outcome")?
+            .into_iter()
+            .filter(|o| o.operation_key == key)
+            .collect(),
+    )
+}
+
+fn decisions_of(a: &Airlock, key: &str) -> anyhow::Result<Vec<Decision>> {
+    Ok(
+        a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")?
+            .into_iter()
+            .filter(|d| d.operation_key == key)
+            .collect(),
+    )
+}
+
+fn kinds(outcomes: &[Outcome]) -> Vec<(i64, OutcomeKind)> {
+    outcomes.iter().map(|o| (o.epoch, o.kind)).collect()
+}
+
+/// Prints the logs of a failed scenario (the assertion message stays short).
+fn dump(paths: &[&PathBuf]) {
+    for p in paths {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        eprintln!("--- {} (newest first)\n{}", p.display(), tail.join("\n"));
+    }
+}
+
+async fn settled(a: &Airlock, key: &str, logs: &[&PathBuf]) -> anyhow::Result<Decision> {
+    let result = eventually(&format!("{key} settled COMMITTED"), WAIT, async || {
+        Ok(decisions_of(a, key)?
+            .into_iter()
+            .find(|d| d.verdict == Verdict::Committed))
+    })
+    .await;
+    if result.is_err() {
+        eprintln!("outcomes of {key}: {:?}", kinds(&outcomes_of(a, key)?));
+        eprintln!(
+            "decisions of {key}: {:?}",
+            decisions_of(a, key)?
+                .iter()
+                .map(|d| (d.decision_id.clone(), d.verdict))
+                .collect::<Vec<_>>()
+        );
+        dump(logs);
+    }
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_response_is_unknown_then_reconciled_to_one_committed_effect() -> anyhow::Result<()>
+{
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-lost", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("lost", "ledger"), log_file("lost", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let processor = a.spawn("p1")?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    let producer = a.producer()?;
+    let key = "refund:lost-1";
+    // The connector sends the operation key as the ledger's business reference.
+    ledger.arm("drop-response", key).await?;
+
+    let first = sample::refund(key, 2_500, now_ms());
+    a.send(&producer, &a.names.proposals(), key, &first).await?;
+    let unknown = eventually("an UNKNOWN outcome", WAIT, async || {
+        Ok(outcomes_of(&a, key)?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::Unknown))
+    })
+    .await;
+    if unknown.is_err() {
+        dump(&[&worker_log, &ledger_log]);
+    }
+    let unknown = unknown?;
+    assert_eq!(unknown.epoch, 1);
+    assert_eq!(unknown.worker_id, "w1");
+
+    // A blind retry (new proposal id, same key) while the attempt is unresolved dispatches
+    // nothing.
+    let retry = sample::resend(&first, 1);
+    a.send(&producer, &a.names.proposals(), key, &retry).await?;
+    let reply = eventually("the retry's reply", WAIT, async || {
+        Ok(a.proposal_replies()?.remove(&retry.proposal_id))
+    })
+    .await?;
+    assert!(
+        matches!(reply.verdict, Verdict::Ambiguous | Verdict::InProgress),
+        "{reply:?}"
+    );
+
+    let committed = settled(&a, key, &[&worker_log, &ledger_log]).await?;
+    assert_eq!(committed.epoch, Some(1), "{committed:?}");
+    let outcomes = outcomes_of(&a, key)?;
+    let reconciled = outcomes
+        .iter()
+        .find(|o| o.kind == OutcomeKind::ReconciledCommitted)
+        .expect("reconciliation found the effect");
+    assert_eq!(reconciled.reconcile_round, Some(1));
+    assert!(reconciled.provider_reference.is_some(), "{reconciled:?}");
+    assert_eq!(ledger.effects_for(key).await?, 1, "{:?}", kinds(&outcomes));
+    let dispatches =
+        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
+    assert_eq!(
+        dispatches.iter().filter(|d| d.operation_key == key).count(),
+        1
+    );
+    assert!(dispatches.iter().all(|d| d.capability.is_some()));
+
+    assert!(worker.stop()?, "the worker stops cleanly on SIGTERM");
+    // The worker's barriers on the outcomes (learning their end) are not input to refuse.
+    assert_eq!(processor.stop()?.dead_lettered, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proven_refusal_is_retried_as_a_new_epoch_and_commits_once() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-refused", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("refused", "ledger"), log_file("refused", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let processor = a.spawn("p1")?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    let producer = a.producer()?;
+    let key = "refund:refused-1";
+    ledger.arm("refuse", key).await?;
+
+    let proposal = sample::refund(key, 1_200, now_ms());
+    a.send(&producer, &a.names.proposals(), key, &proposal)
+        .await?;
+    let committed = settled(&a, key, &[&worker_log, &ledger_log]).await?;
+    assert_eq!(committed.epoch, Some(2), "{committed:?}");
+
+    let outcomes = kinds(&outcomes_of(&a, key)?);
+    for expected in [
+        (1, OutcomeKind::AttemptStarted),
+        (1, OutcomeKind::Failed),
+        (2, OutcomeKind::AttemptStarted),
+        (2, OutcomeKind::Committed),
+    ] {
+        assert!(outcomes.contains(&expected), "{expected:?} in {outcomes:?}");
+    }
+    let attempts: Vec<i64> = a
+        .read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?
+        .into_iter()
+        .filter(|d| d.operation_key == key)
+        .map(|d| d.epoch)
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+    assert_eq!(ledger.effects_for(key).await?, 1);
+
+    assert!(worker.stop()?);
+    processor.stop()?;
+    Ok(())
+}
+
+/// A dispatch command for `key` as the processor would issue it, signed by `key_by`.
+fn command(
+    key: &str,
+    minor_units: i64,
+    now: i64,
+    signed_by: Option<&SigningKey>,
+) -> DispatchCommand {
+    let arguments_json = canonical::canonicalize(&sample::money_arguments(
+        "acme",
+        "acct-42",
+        minor_units,
+        "EUR",
+    ))
+    .unwrap()
+    .json;
+    let mut cmd = DispatchCommand {
+        command_id: format!("{key}#1"),
+        operation_key: key.to_owned(),
+        epoch: 1,
+        proposal_id: format!("prop-{key}"),
+        tool: "refund".to_owned(),
+        tool_version: "1".to_owned(),
+        connector: "ledger".to_owned(),
+        tenant_id: "acme".to_owned(),
+        principal_id: "agent-support-1".to_owned(),
+        arguments_hash: canonical::arguments_hash(&arguments_json),
+        arguments_json,
+        idempotency_key: canonical::idempotency_key(key),
+        deadline_at: now + 3_600_000,
+        attempt_deadline_at: now + 60_000,
+        attempt_timeout_ms: 10_000,
+        policy_bundle_hash: "test".to_owned(),
+        owner_partition: partitioner::partition_for(key.as_bytes(), PARTITIONS),
+        owner_epoch: 1,
+        capability: None,
+        issued_at: now,
+    };
+    if let Some(k) = signed_by {
+        cmd.capability = Some(capability::sign(k, &cmd));
+    }
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-forged", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("forged", "ledger"), log_file("forged", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    let producer = a.producer()?;
+    let topic = a.names.dispatch("ledger");
+    let now = now_ms();
+    let intruder = capability::generate()?;
+
+    let forged = command("refund:forged", 100, now, Some(&intruder));
+    let mut altered = command("refund:altered", 100, now, Some(&keys.key));
+    altered.arguments_json = altered.arguments_json.replace("100", "990000");
+    let unsigned = command("refund:unsigned", 100, now, None);
+    let mut expired = command("refund:expired", 100, now - 120_000, None);
+    expired.capability = Some(capability::sign(&keys.key, &expired));
+    let mut raised = command("refund:raised", 100, now, Some(&keys.key));
+    raised.epoch = 7; // a signed field changed after signing
+    // The control: the same path with a genuine command does reach the ledger.
+    let genuine = command("refund:genuine", 100, now, Some(&keys.key));
+
+    let codec = Codec::new();
+    for cmd in [&forged, &altered, &unsigned, &expired, &raised, &genuine] {
+        let payload = codec.encode_single_object(cmd)?;
+        a.send_raw(
+            &producer,
+            &topic,
+            Some(cmd.operation_key.as_bytes()),
+            &payload,
+        )
+        .await?;
+    }
+
+    let genuine_outcome = eventually("the genuine command committed", WAIT, async || {
+        Ok(outcomes_of(&a, "refund:genuine")?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::Committed))
+    })
+    .await;
+    let dead = eventually("five dead letters from the worker", WAIT, async || {
+        let letters: Vec<_> = a
+            .read_topic(&a.names.dlq())?
+            .into_iter()
+            .filter(|r| r.admit == Admit::Accept && r.header("airlock-connector-worker").is_some())
+            .collect();
+        Ok((letters.len() >= 5).then_some(letters))
+    })
+    .await;
+    if genuine_outcome.is_err() || dead.is_err() {
+        dump(&[&worker_log, &ledger_log]);
+    }
+    genuine_outcome?;
+    let dead = dead?;
+    let reasons: std::collections::BTreeMap<String, String> = dead
+        .iter()
+        .map(|r| {
+            (
+                String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned(),
+                r.header_str(header::DLQ_REASON).unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(reasons["refund:forged"], "FORGED", "{reasons:?}");
+    assert_eq!(
+        reasons["refund:altered"], "ARGUMENTS_ALTERED",
+        "{reasons:?}"
+    );
+    assert_eq!(reasons["refund:unsigned"], "UNSIGNED", "{reasons:?}");
+    assert_eq!(reasons["refund:expired"], "EXPIRED", "{reasons:?}");
+    assert_eq!(reasons["refund:raised"], "FORGED", "{reasons:?}");
+    for r in &dead {
+        assert_eq!(r.header_str(header::SOURCE_TOPIC), Some(topic.as_str()));
+        assert!(r.header_str(header::SOURCE_OFFSET).is_some());
+        assert!(r.value.is_some(), "the refused bytes are kept");
+    }
+    for key in reasons.keys() {
+        assert!(outcomes_of(&a, key)?.is_empty(), "{key} has outcomes");
+        assert_eq!(ledger.effects_for(key).await?, 0, "{key}");
+    }
+    assert_eq!(ledger.effects_total().await?, 1);
+    assert!(worker.stop()?);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_worker_refuses_an_attempt_its_predecessor_started() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-restart", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("restart", "ledger"), log_file("restart", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let producer = a.producer()?;
+    let topic = a.names.dispatch("ledger");
+    let codec = Codec::new();
+    let now = now_ms();
+    let first = command("refund:restart-1", 300, now, Some(&keys.key));
+    // A later command on the same partition: once it is answered, everything before it was.
+    let later_key = (0..)
+        .map(|i| format!("refund:restart-later-{i}"))
+        .find(|k| partitioner::partition_for(k.as_bytes(), PARTITIONS) == first.owner_partition)
+        .unwrap();
+    let later = command(&later_key, 400, now, Some(&keys.key));
+
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    a.send_raw(
+        &producer,
+        &topic,
+        Some(first.operation_key.as_bytes()),
+        &codec.encode_single_object(&first)?,
+    )
+    .await?;
+    let done = eventually("the first attempt committed", WAIT, async || {
+        Ok(outcomes_of(&a, &first.operation_key)?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::Committed))
+    })
+    .await;
+    if done.is_err() {
+        dump(&[&worker_log, &ledger_log]);
+    }
+    done?;
+    assert!(worker.stop()?);
+
+    // The processor's outbox resends the same command; a new worker gains the partition.
+    let worker = a.spawn_connector("w2", &ledger, &[&keys.verifying_file], &worker_log)?;
+    for cmd in [&first, &later] {
+        a.send_raw(
+            &producer,
+            &topic,
+            Some(cmd.operation_key.as_bytes()),
+            &codec.encode_single_object(cmd)?,
+        )
+        .await?;
+    }
+    let done = eventually("the later command committed", WAIT, async || {
+        Ok(outcomes_of(&a, &later_key)?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::Committed))
+    })
+    .await;
+    if done.is_err() {
+        dump(&[&worker_log, &ledger_log]);
+    }
+    done?;
+    // Raw records, not deduplicated: a second start would repeat the first one's identity.
+    let raw: Vec<Outcome> = a
+        .read_topic(&a.names.outcomes())?
+        .into_iter()
+        .filter(|r| r.header_str(header::KIND) == Some("outcome"))
+        .map(|r| codec.decode_as::<Outcome>(r.value.as_deref().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    let first_outcomes: Vec<OutcomeKind> = raw
+        .iter()
+        .filter(|o| o.operation_key == first.operation_key)
+        .map(|o| o.kind)
+        .collect();
+    assert_eq!(
+        first_outcomes,
+        [OutcomeKind::AttemptStarted, OutcomeKind::Committed],
+        "w2 rebuilt the started attempts and refused the redelivery"
+    );
+    assert!(
+        raw.iter()
+            .all(|o| o.operation_key != first.operation_key || o.worker_id == "w1")
+    );
+    assert_eq!(ledger.effects_total().await?, 2);
+    assert!(worker.stop()?);
+    Ok(())
+}
