@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use airlock_connectors::logging;
 use airlock_connectors::worker::{self, Config};
+use airlock_processor::runtime::{logging, signals};
 use anyhow::Context;
 use clap::Parser;
 
@@ -38,7 +38,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.config).context("loading the configuration")?;
     logging::init(&config.worker_id());
     let shutdown = Arc::new(AtomicBool::new(false));
-    watch_signals(shutdown.clone())?;
+    signals::watch(
+        shutdown.clone(),
+        "the command at hand",
+        "an attempt in flight settles through reconciliation",
+    )
+    .context("watching for SIGTERM/SIGINT")?;
     let summary = worker::run(&config, shutdown).context("running the worker")?;
     println!(
         "stopped: {} commands, {} committed, {} failed, {} unknown, {} reconciled, {} \
@@ -52,39 +57,5 @@ fn run(args: &Args) -> anyhow::Result<()> {
         summary.duplicates,
         summary.fenced
     );
-    Ok(())
-}
-
-/// Sets `flag` on the first SIGTERM or SIGINT; a second one exits at once.
-fn watch_signals(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the signal runtime")?;
-    std::thread::Builder::new()
-        .name("signals".to_owned())
-        .spawn(move || {
-            runtime.block_on(async move {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut term), Ok(mut int)) =
-                    (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-                else {
-                    log::error!("cannot install signal handlers; stop with SIGKILL");
-                    return;
-                };
-                for round in 0.. {
-                    tokio::select! {
-                        _ = term.recv() => log::info!("SIGTERM: finishing the command at hand, then stopping"),
-                        _ = int.recv() => log::info!("SIGINT: finishing the command at hand, then stopping"),
-                    }
-                    if round > 0 {
-                        log::warn!("second signal: exiting now");
-                        std::process::exit(130);
-                    }
-                    flag.store(true, Ordering::Relaxed);
-                }
-            });
-        })
-        .context("starting the signal thread")?;
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use airlock_connectors::ledger::{Args, Server};
-use airlock_connectors::logging;
+use airlock_processor::runtime::logging;
 use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};

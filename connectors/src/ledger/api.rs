@@ -24,7 +24,7 @@ use super::faults::{Fault, FaultBook, Rule};
 use super::model::{AccountSpec, Kind, Submission, check_id};
 use super::server::ConnectionControl;
 use super::store::{Created, Outcome, Store};
-use crate::logging::utc_now;
+use airlock_processor::runtime::logging::utc_now;
 
 /// The request header carrying the client's idempotency key (required on money requests).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";

@@ -22,7 +22,7 @@ use super::api::{self, Ledger};
 use super::config::Config;
 use super::faults::FaultBook;
 use super::store::{self, Created, Store};
-use crate::logging::utc_now;
+use airlock_processor::runtime::logging::utc_now;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use airlock_processor::capability::{self, VerifyingKey};
-use airlock_processor::runtime::config::{Kafka, Topics};
+use airlock_processor::runtime::config::{self as shared, Kafka, Topics, env_value};
 use serde::Deserialize;
 
 use crate::http::spec::{self, ToolSpec};
@@ -44,17 +44,13 @@ pub enum Error {
     },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
-    #[error("environment variable {name}={value:?}: {message}")]
-    Env {
-        name: &'static str,
-        value: String,
-        message: String,
-    },
     #[error("{field}: {message}")]
     Invalid {
         field: &'static str,
         message: String,
     },
+    #[error(transparent)]
+    Shared(#[from] shared::Error),
     #[error(transparent)]
     Tool(#[from] spec::Error),
     #[error(transparent)]
@@ -168,39 +164,8 @@ impl Config {
 
     /// Applies overrides from `lookup` (the environment, or a map in tests).
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
-        fn parsed<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
-        where
-            T::Err: std::fmt::Display,
-        {
-            value.trim().parse().map_err(|e: T::Err| Error::Env {
-                name,
-                value,
-                message: e.to_string(),
-            })
-        }
-        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
-            self.kafka.brokers = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
-            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
-                let Some((k, val)) = pair.split_once('=') else {
-                    return Err(Error::Env {
-                        name: "AIRLOCK_KAFKA_PROPERTIES",
-                        value: v.clone(),
-                        message: format!("{pair:?} is not key=value"),
-                    });
-                };
-                self.kafka
-                    .properties
-                    .insert(k.trim().to_owned(), val.trim().to_owned());
-            }
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
-            self.topics.prefix = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
-            self.topics.partitions = parsed("AIRLOCK_TOPICS_PARTITIONS", v)?;
-        }
+        self.kafka.apply_env(&lookup)?;
+        self.topics.apply_env(&lookup)?;
         let c = &mut self.connector;
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_NAME") {
             c.name = v;
@@ -212,19 +177,19 @@ impl Config {
             c.group_id = v;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS") {
-            c.session_timeout_ms = parsed("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", v)?;
+            c.session_timeout_ms = env_value("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS") {
-            c.max_poll_interval_ms = parsed("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS", v)?;
+            c.max_poll_interval_ms = env_value("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_RESERVE_MS") {
-            c.reserve_ms = parsed("AIRLOCK_CONNECTOR_RESERVE_MS", v)?;
+            c.reserve_ms = env_value("AIRLOCK_CONNECTOR_RESERVE_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS") {
-            c.reconcile_timeout_ms = parsed("AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS", v)?;
+            c.reconcile_timeout_ms = env_value("AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES") {
-            c.max_evidence_bytes = parsed("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES", v)?;
+            c.max_evidence_bytes = env_value("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES") {
             self.capability.verifying_key_files = v
@@ -235,16 +200,16 @@ impl Config {
                 .collect();
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED") {
-            self.capability.allow_unsigned = parsed("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED", v)?;
+            self.capability.allow_unsigned = env_value("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_BASE_URL") {
             self.http.base_url = v;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS") {
-            self.http.connect_timeout_ms = parsed("AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS", v)?;
+            self.http.connect_timeout_ms = env_value("AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES") {
-            self.http.max_response_bytes = parsed("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES", v)?;
+            self.http.max_response_bytes = env_value("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES", v)?;
         }
         Ok(())
     }

@@ -4,13 +4,13 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 
 use crate::capability;
 use crate::core::{self, Core};
-use crate::runtime::{config::Config, logging, run};
+use crate::runtime::{config::Config, logging, run, signals};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -25,7 +25,12 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     logging::init(&config.instance());
     let core = Arc::new(load_core(&config)?);
     let shutdown = Arc::new(AtomicBool::new(false));
-    watch_signals(shutdown.clone())?;
+    signals::watch(
+        shutdown.clone(),
+        "the batch",
+        "the outbox is resent on restart",
+    )
+    .context("watching for SIGTERM/SIGINT")?;
     let summary = run::run(&config, core, shutdown).context("running the processor")?;
     writeln!(
         out,
@@ -61,38 +66,4 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         hex::encode(key.verifying_key().to_bytes())
     );
     Ok(core.with_capability_key(key))
-}
-
-/// Sets `flag` on the first SIGTERM or SIGINT; a second one exits at once.
-fn watch_signals(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the signal runtime")?;
-    std::thread::Builder::new()
-        .name("signals".to_owned())
-        .spawn(move || {
-            runtime.block_on(async move {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut term), Ok(mut int)) =
-                    (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-                else {
-                    log::error!("cannot install signal handlers; stop with SIGKILL");
-                    return;
-                };
-                for round in 0.. {
-                    tokio::select! {
-                        _ = term.recv() => log::info!("SIGTERM: finishing the batch, then stopping"),
-                        _ = int.recv() => log::info!("SIGINT: finishing the batch, then stopping"),
-                    }
-                    if round > 0 {
-                        log::warn!("second signal: exiting now (the outbox is resent on restart)");
-                        std::process::exit(130);
-                    }
-                    flag.store(true, Ordering::Relaxed);
-                }
-            });
-        })
-        .context("starting the signal thread")?;
-    Ok(())
 }

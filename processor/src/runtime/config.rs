@@ -201,6 +201,58 @@ impl Default for Tools {
     }
 }
 
+/// Parses the value of environment override `name`; the error names the variable.
+pub fn env_value<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e: T::Err| Error::Env {
+        name,
+        value,
+        message: e.to_string(),
+    })
+}
+
+impl Kafka {
+    /// `AIRLOCK_KAFKA_BROKERS` and `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`), for every Airlock
+    /// process that talks to the cluster.
+    pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
+            self.brokers = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
+            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
+                let Some((k, val)) = pair.split_once('=') else {
+                    return Err(Error::Env {
+                        name: "AIRLOCK_KAFKA_PROPERTIES",
+                        value: v.clone(),
+                        message: format!("{pair:?} is not key=value"),
+                    });
+                };
+                self.properties
+                    .insert(k.trim().to_owned(), val.trim().to_owned());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Topics {
+    /// `AIRLOCK_TOPICS_PREFIX`, `_PARTITIONS` and `_REPLICATION_FACTOR`.
+    pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
+            self.prefix = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
+            self.partitions = env_value("AIRLOCK_TOPICS_PARTITIONS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_TOPICS_REPLICATION_FACTOR") {
+            self.replication_factor = env_value("AIRLOCK_TOPICS_REPLICATION_FACTOR", v)?;
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     /// Reads `path` (when given), then applies the environment overrides, then validates.
     pub fn load(path: Option<&Path>) -> Result<Config> {
@@ -228,50 +280,16 @@ impl Config {
 
     /// Applies overrides from `lookup` (the environment, or a map in tests).
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
-        fn number<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
-        where
-            T::Err: std::fmt::Display,
-        {
-            value.trim().parse().map_err(|e: T::Err| Error::Env {
-                name,
-                value,
-                message: e.to_string(),
-            })
-        }
-        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
-            self.kafka.brokers = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
-            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
-                let Some((k, val)) = pair.split_once('=') else {
-                    return Err(Error::Env {
-                        name: "AIRLOCK_KAFKA_PROPERTIES",
-                        value: v.clone(),
-                        message: format!("{pair:?} is not key=value"),
-                    });
-                };
-                self.kafka
-                    .properties
-                    .insert(k.trim().to_owned(), val.trim().to_owned());
-            }
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
-            self.topics.prefix = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
-            self.topics.partitions = number("AIRLOCK_TOPICS_PARTITIONS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_REPLICATION_FACTOR") {
-            self.topics.replication_factor = number("AIRLOCK_TOPICS_REPLICATION_FACTOR", v)?;
-        }
+        self.kafka.apply_env(&lookup)?;
+        self.topics.apply_env(&lookup)?;
         if let Some(v) = lookup("AIRLOCK_STATE_DIR") {
             self.state.dir = PathBuf::from(v);
         }
         if let Some(v) = lookup("AIRLOCK_BATCH_MAX_RECORDS") {
-            self.batch.max_records = number("AIRLOCK_BATCH_MAX_RECORDS", v)?;
+            self.batch.max_records = env_value("AIRLOCK_BATCH_MAX_RECORDS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_BATCH_FLUSH_INTERVAL_MS") {
-            self.batch.flush_interval_ms = number("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
+            self.batch.flush_interval_ms = env_value("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_REGISTRY") {
             self.tools.registry = PathBuf::from(v);
@@ -283,7 +301,7 @@ impl Config {
             self.tools.entities = PathBuf::from(v);
         }
         if let Some(v) = lookup("AIRLOCK_STATE_SYNC") {
-            self.state.sync = number("AIRLOCK_STATE_SYNC", v)?;
+            self.state.sync = env_value("AIRLOCK_STATE_SYNC", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_INSTANCE") {
             self.processor.instance = v;
@@ -292,19 +310,19 @@ impl Config {
             self.processor.group_id = v;
         }
         if let Some(v) = lookup("AIRLOCK_SESSION_TIMEOUT_MS") {
-            self.processor.session_timeout_ms = number("AIRLOCK_SESSION_TIMEOUT_MS", v)?;
+            self.processor.session_timeout_ms = env_value("AIRLOCK_SESSION_TIMEOUT_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_MAX_POLL_INTERVAL_MS") {
-            self.processor.max_poll_interval_ms = number("AIRLOCK_MAX_POLL_INTERVAL_MS", v)?;
+            self.processor.max_poll_interval_ms = env_value("AIRLOCK_MAX_POLL_INTERVAL_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_TIMERS_PER_BATCH") {
-            self.processor.timers_per_batch = number("AIRLOCK_TIMERS_PER_BATCH", v)?;
+            self.processor.timers_per_batch = env_value("AIRLOCK_TIMERS_PER_BATCH", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CHECKPOINT_INTERVAL_MS") {
-            self.processor.checkpoint_interval_ms = number("AIRLOCK_CHECKPOINT_INTERVAL_MS", v)?;
+            self.processor.checkpoint_interval_ms = env_value("AIRLOCK_CHECKPOINT_INTERVAL_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
-            self.processor.linger_ms = number("AIRLOCK_LINGER_MS", v)?;
+            self.processor.linger_ms = env_value("AIRLOCK_LINGER_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_CAPABILITY_SIGNING_KEY_FILE") {
             self.capability.signing_key_file = PathBuf::from(v);

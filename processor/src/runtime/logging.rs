@@ -1,7 +1,8 @@
-//! A small stderr logger for the `log` facade (librdkafka's messages arrive through it too):
-//! `<RFC 3339 UTC time> <LEVEL> [<instance>] <target>: <message>`, level from `AIRLOCK_LOG`
-//! (`error`, `warn`, `info` (default), `debug`, `trace`). The instance tag tells apart the lines
-//! of several instances collected in one place.
+//! A small stderr logger for the `log` facade, shared by every Airlock binary (librdkafka's
+//! messages arrive through it too): `<RFC 3339 UTC time> <LEVEL> [<instance>] <target>:
+//! <message>`, level from `AIRLOCK_LOG` (`error`, `warn`, `info` (default), `debug`, `trace`).
+//! The instance tag tells apart the lines of several processes collected in one place. Also the
+//! one UTC formatter for timestamps written into records (the ledger's `committed_at`).
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Debug)]
 struct Stderr {
     level: log::LevelFilter,
-    /// `[instance] `, or empty.
+    /// `[instance] `, or empty: tells apart the lines of several processes in one place.
     tag: String,
 }
 
@@ -22,18 +23,9 @@ impl log::Log for Stderr {
         if !self.enabled(record.metadata()) {
             return;
         }
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let secs = (ms / 1000) as i64;
-        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-        let (y, m, d) = civil_from_days(days);
         let line = format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z {:5} {}{}: {}\n",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60,
-            ms % 1000,
+            "{} {:5} {}{}: {}\n",
+            utc_now(),
             record.level(),
             self.tag,
             record.target(),
@@ -44,20 +36,6 @@ impl log::Log for Stderr {
     }
 
     fn flush(&self) {}
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's method).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Installs the logger once, tagging every line with `instance` when it is not empty; later
@@ -80,6 +58,42 @@ pub fn init(instance: &str) {
     }
 }
 
+/// The wall clock as RFC 3339 UTC with milliseconds: `2026-11-29T19:12:48.123Z`.
+pub fn utc_now() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    utc_from_millis(ms)
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds.
+pub fn utc_from_millis(ms: u128) -> String {
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's method).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -87,5 +101,14 @@ mod tests {
         assert_eq!(super::civil_from_days(0), (1970, 1, 1));
         assert_eq!(super::civil_from_days(20_786), (2026, 11, 29));
         assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc_with_millis() {
+        assert_eq!(super::utc_from_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            super::utc_from_millis(1_795_979_568_123),
+            "2026-11-29T19:12:48.123Z"
+        );
     }
 }

@@ -11,6 +11,7 @@
 //! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
 //! - [`run`]: `airlock run`, the consumer-group batch loop.
 //! - [`logging`]: the stderr logger.
+//! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
 pub mod config;
 pub mod logging;
@@ -19,5 +20,6 @@ pub mod partitioner;
 pub mod produce;
 pub mod restore;
 pub mod run;
+pub mod signals;
 pub mod topics;
 pub mod wire;
