@@ -420,3 +420,105 @@ async fn a_restarted_worker_refuses_an_attempt_its_predecessor_started() -> anyh
     assert!(worker.stop()?);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreconcilable_effect_waits_for_an_operator_and_airlock_settle_closes_it()
+-> anyhow::Result<()> {
+    use airlock_schemas::{JournalEvent, JournalKind, Reason};
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-settle", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("settle", "ledger"), log_file("settle", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let processor = a.spawn("p1")?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    let producer = a.producer()?;
+    let key = "refund:settle-1";
+    ledger.arm("drop-response", key).await?;
+    let first = sample::refund(key, 2_500, now_ms());
+    a.send(&producer, &a.names.proposals(), key, &first).await?;
+    eventually("an UNKNOWN outcome", WAIT, async || {
+        Ok(outcomes_of(&a, key)?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::Unknown))
+    })
+    .await?;
+
+    // The downstream goes away: every reconciliation round stays UNKNOWN (the lookup cannot
+    // connect) and, after the tool's budget, the effect waits for an operator.
+    drop(ledger);
+    let waiting = eventually("OPERATOR_REQUIRED", WAIT, async || {
+        Ok(decisions_of(&a, key)?
+            .into_iter()
+            .find(|d| d.reason == Reason::OperatorRequired))
+    })
+    .await;
+    if waiting.is_err() {
+        eprintln!("outcomes of {key}: {:?}", kinds(&outcomes_of(&a, key)?));
+        dump(&[&worker_log, &ledger_log]);
+    }
+    assert_eq!(waiting?.verdict, Verdict::Unknown);
+    let rounds = outcomes_of(&a, key)?
+        .iter()
+        .filter(|o| o.kind == OutcomeKind::ReconciledUnknown)
+        .count();
+    assert!(rounds >= 1, "no reconciliation round was answered");
+
+    // The operator checked the statement by hand.
+    let settle = || {
+        std::process::Command::new(airlock_tests::airlock::airlock_binary()?)
+            .args(["settle", key, "--committed", "--operator", "operator-olga"])
+            .args(["--evidence", "statement line 4821: refund 25.00 EUR"])
+            .args(["--timeout-seconds", "60"])
+            .env("AIRLOCK_KAFKA_BROKERS", &a.config.kafka.brokers)
+            .env("AIRLOCK_TOPICS_PREFIX", &a.config.topics.prefix)
+            .env("AIRLOCK_TOPICS_PARTITIONS", PARTITIONS.to_string())
+            .output()
+            .map_err(anyhow::Error::from)
+    };
+    let out = settle()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "airlock settle: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("OPERATOR_SETTLED"), "{stdout}");
+    let settled = decisions_of(&a, key)?
+        .into_iter()
+        .find(|d| d.verdict == Verdict::Committed)
+        .expect("the proposal's reply says COMMITTED");
+    assert_eq!(settled.reason, Reason::OperatorSettled);
+
+    // The journal names the operator; running the same command again (a lost terminal) is
+    // the same settlement: answered the same, journaled once.
+    let settlements = || -> anyhow::Result<Vec<JournalEvent>> {
+        Ok(
+            a.read_deduplicated::<JournalEvent>(&a.names.journal(), "journal")?
+                .into_iter()
+                .filter(|e| {
+                    e.operation_key.as_deref() == Some(key)
+                        && e.kind == JournalKind::ControlApplied
+                        && e.reason == Some(Reason::OperatorSettled)
+                })
+                .collect(),
+        )
+    };
+    let first_settlement = settlements()?;
+    assert_eq!(first_settlement.len(), 1);
+    assert_eq!(
+        first_settlement[0].principal_id.as_deref(),
+        Some("operator-olga")
+    );
+    let again = settle()?;
+    assert!(
+        again.status.success()
+            && String::from_utf8_lossy(&again.stdout).contains("OPERATOR_SETTLED"),
+        "the same settlement again: {}{}",
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(settlements()?.len(), 1);
+    worker.stop()?;
+    processor.stop()?;
+    Ok(())
+}

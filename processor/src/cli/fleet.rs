@@ -4,8 +4,8 @@
 //! fence, a malformed record), prints each decision as it arrives and ends with a report that
 //! compares every scenario with what it should get. Exits non-zero when one differs.
 //!
-//! The connector side (dispatch → effect → outcome) arrives with the connectors; until then the
-//! dispatched effects stay DISPATCHED.
+//! With a connector worker running (as `deploy/dev/demo.sh` does), the dispatched effects are
+//! executed and their COMMITTED decisions are printed too.
 
 use std::collections::HashMap;
 use std::io::Write;

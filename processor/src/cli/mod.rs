@@ -8,12 +8,14 @@
 //! - [`run`]: `airlock run`, one processor instance.
 //! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
 //! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
+//! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
 
 pub mod check;
 pub mod fleet;
 pub mod hash;
 pub mod keygen;
 pub mod run;
+pub mod settle;
 pub mod topics;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +44,9 @@ pub enum Command {
     /// Write a new Ed25519 key pair for dispatch-command capabilities: `<out>.key` for the
     /// processor (capability.signing_key_file), `<out>.pub` for connector workers.
     Keygen(keygen::Args),
+    /// Settle an effect by hand (OPERATOR_REQUIRED or UNKNOWN) with the operator's evidence;
+    /// waits for the processor's answer.
+    Settle(settle::Args),
 }
 
 impl Cli {
@@ -53,6 +58,7 @@ impl Cli {
             Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
             Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
             Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
+            Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }
