@@ -127,6 +127,14 @@ impl Ledger {
         Ok(())
     }
 
+    /// Arms `fault` for every money request from now on (`delay=300`: a slow downstream).
+    pub async fn arm_always(&self, fault: &str) -> anyhow::Result<()> {
+        let rule = json!({"fault": fault, "times": 0});
+        let (status, body) = self.request(Method::POST, "/v1/faults", Some(rule)).await?;
+        anyhow::ensure!(status == 201, "arming {fault}: HTTP {status} {body}");
+        Ok(())
+    }
+
     /// Effects committed for business reference `reference`.
     pub async fn effects_for(&self, reference: &str) -> anyhow::Result<u64> {
         let path = format!(
@@ -164,6 +172,13 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// SIGKILL, wherever the worker is (a crash mid-call), and reaps it.
+    pub fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// Stops the worker with SIGTERM and waits for it (bounded); false if it had to be killed.
     pub fn stop(mut self) -> anyhow::Result<bool> {
         let pid = self.child.id().to_string();
@@ -196,6 +211,20 @@ impl Airlock {
         verifying_keys: &[&Path],
         log: &Path,
     ) -> anyhow::Result<Worker> {
+        self.spawn_connector_in(worker, None, ledger, verifying_keys, log)
+    }
+
+    /// [`Airlock::spawn_connector`] in consumer group `group` (default: the configuration's).
+    /// tansu 0.6 never evicts a member that died without leaving, so a replacement for a
+    /// killed worker joins a fresh group; the worker rereads what it needs from the topics.
+    pub fn spawn_connector_in(
+        &self,
+        worker: &str,
+        group: Option<&str>,
+        ledger: &Ledger,
+        verifying_keys: &[&Path],
+        log: &Path,
+    ) -> anyhow::Result<Worker> {
         let config_file = airlock_processor::sample::config_dir().join("connector-ledger.toml");
         let keys: Vec<String> = verifying_keys
             .iter()
@@ -219,6 +248,12 @@ impl Airlock {
             .env("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES", keys.join(","))
             .env("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", "6000")
             .env("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS", "30000")
+            .env(
+                "AIRLOCK_CONNECTOR_GROUP_ID",
+                group.map_or(String::new(), |g| {
+                    format!("{}{g}", self.config.topics.prefix)
+                }),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()

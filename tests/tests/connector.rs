@@ -522,3 +522,115 @@ async fn an_unreconcilable_effect_waits_for_an_operator_and_airlock_settle_close
     processor.stop()?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_call_twenty_times_leaves_one_effect_per_key_and_nothing_stuck()
+-> anyhow::Result<()> {
+    use airlock_tests::workload::Lcg;
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-kill", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("kill", "ledger"), log_file("kill", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    // Every call takes a while after the commit: kills land mid-call, after the effect and
+    // before its answer, as often as before the call.
+    ledger.arm_always("delay=400").await?;
+    let processor = a.spawn("p1")?;
+    let producer = a.producer()?;
+    let now = now_ms();
+    let ops: Vec<String> = (0..30).map(|i| format!("refund:kill-{i}")).collect();
+    let sender = {
+        let producer = producer.clone();
+        let topic = a.names.proposals();
+        let proposals: Vec<_> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, k)| sample::refund(k, 100 + i as i64, now))
+            .collect();
+        let a = &a;
+        async move {
+            for p in &proposals {
+                a.send(&producer, &topic, &p.operation_key, p).await?;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let killer = async {
+        let mut rng = Lcg(0x6b11);
+        for i in 0..20 {
+            let group = format!("kill-{i}");
+            let worker = a.spawn_connector_in(
+                &format!("w{i}"),
+                Some(&group),
+                &ledger,
+                &[&keys.verifying_file],
+                &worker_log,
+            )?;
+            let ms = 2_500 + rng.next_u64() % 2_500;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            worker.kill()?;
+        }
+        anyhow::Ok(())
+    };
+    let (sent, killed) = tokio::join!(sender, killer);
+    sent?;
+    killed?;
+
+    // One worker stays: attempts the kills left UNKNOWN time out, are reconciled and settle.
+    let worker = a.spawn_connector_in(
+        "w-last",
+        Some("kill-last"),
+        &ledger,
+        &[&keys.verifying_file],
+        &worker_log,
+    )?;
+    // Settled: COMMITTED, or FAILED with the retry budget (3 attempts) spent.
+    let outcome = |decisions: &[Decision], k: &str| -> Option<Verdict> {
+        let mine: Vec<&Decision> = decisions.iter().filter(|d| d.operation_key == k).collect();
+        if mine.iter().any(|d| d.verdict == Verdict::Committed) {
+            return Some(Verdict::Committed);
+        }
+        mine.last()
+            .filter(|d| d.verdict == Verdict::Failed && d.epoch >= Some(3))
+            .map(|d| d.verdict)
+    };
+    let settled = eventually(
+        "every effect COMMITTED or FAILED for good",
+        Duration::from_secs(240),
+        async || {
+            let decisions = a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")?;
+            let done = ops.iter().all(|k| outcome(&decisions, k).is_some());
+            Ok(done.then_some(decisions))
+        },
+    )
+    .await;
+    let decisions = match settled {
+        Ok(d) => d,
+        Err(e) => {
+            for k in &ops {
+                eprintln!("{k}: {:?}", kinds(&outcomes_of(&a, k)?));
+            }
+            dump(&[&worker_log]);
+            return Err(e);
+        }
+    };
+    let mut committed = 0;
+    for k in &ops {
+        let effects = ledger.effects_for(k).await?;
+        let verdict = outcome(&decisions, k);
+        assert!(effects <= 1, "{k}: {effects} business effects");
+        assert_eq!(
+            effects == 1,
+            verdict == Some(Verdict::Committed),
+            "{k}: {effects} effects but {verdict:?}"
+        );
+        committed += effects;
+    }
+    eprintln!(
+        "{} keys, {committed} committed once, 20 worker kills",
+        ops.len()
+    );
+    worker.stop()?;
+    processor.stop()?;
+    Ok(())
+}
