@@ -274,13 +274,7 @@ impl Config {
         if !self.connector.worker_id.is_empty() {
             return self.connector.worker_id.clone();
         }
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "connector".to_owned());
-        format!("{host}-{}", std::process::id())
+        shared::host_and_pid("connector")
     }
 
     /// The workers' consumer group: configured, or `<prefix>connector.<name>`.

@@ -201,6 +201,18 @@ impl Default for Tools {
     }
 }
 
+/// `<hostname>-<pid>` (`<fallback>-<pid>` without a hostname): the default name of a process
+/// in logs, outputs and consumer-group membership.
+pub fn host_and_pid(fallback: &str) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| fallback.to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
 /// Parses the value of environment override `name`; the error names the variable.
 pub fn env_value<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
 where
@@ -376,13 +388,7 @@ impl Config {
         if !self.processor.instance.is_empty() {
             return self.processor.instance.clone();
         }
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "airlock".to_owned());
-        format!("{host}-{}", std::process::id())
+        host_and_pid("airlock")
     }
 
     /// The processor's consumer group: configured, or `<prefix>processor`.
