@@ -36,14 +36,6 @@ use crate::http::{HttpConnector, client};
 /// Errors of loading the configuration; each names the file, variable or field at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: String, message: String },
     #[error("{field}: {message}")]
     Invalid {
         field: &'static str,
@@ -145,21 +137,14 @@ impl Default for Http {
 impl Config {
     /// Reads `path`, applies the environment overrides, validates.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let mut config = Config::parse(&text, &path.display().to_string())?;
+        let mut config: Config = shared::read_toml(path)?;
         config.apply_env(|name| std::env::var(name).ok())?;
         config.validate()?;
         Ok(config)
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| Error::Parse {
-            path: origin.to_owned(),
-            message: e.to_string(),
-        })
+        Ok(shared::parse_toml(text, origin)?)
     }
 
     /// Applies overrides from `lookup` (the environment, or a map in tests).

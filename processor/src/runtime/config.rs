@@ -213,6 +213,23 @@ pub fn host_and_pid(fallback: &str) -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// Reads and parses a TOML configuration file of any Airlock process.
+pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_toml(&text, &path.display().to_string())
+}
+
+/// Parses TOML configuration text; `origin` names it in the error.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T> {
+    toml::from_str(text).map_err(|e| Error::Parse {
+        path: origin.to_owned(),
+        message: e.to_string(),
+    })
+}
+
 /// Parses the value of environment override `name`; the error names the variable.
 pub fn env_value<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
 where
@@ -269,13 +286,7 @@ impl Config {
     /// Reads `path` (when given), then applies the environment overrides, then validates.
     pub fn load(path: Option<&Path>) -> Result<Config> {
         let mut config = match path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-                    path: path.to_owned(),
-                    source,
-                })?;
-                Config::parse(&text, &path.display().to_string())?
-            }
+            Some(path) => read_toml(path)?,
             None => Config::default(),
         };
         config.apply_env(|name| std::env::var(name).ok())?;
@@ -284,10 +295,7 @@ impl Config {
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| Error::Parse {
-            path: origin.to_owned(),
-            message: e.to_string(),
-        })
+        parse_toml(text, origin)
     }
 
     /// Applies overrides from `lookup` (the environment, or a map in tests).
