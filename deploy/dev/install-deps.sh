@@ -3,9 +3,10 @@
 #   libclang-dev  bindgen for librocksdb-sys
 #   g++, make     RocksDB's C++ sources
 #   pkg-config, libssl-dev, libsasl2-dev, libcurl4-openssl-dev, zlib1g-dev, cmake: librdkafka
+#   curl          the demo reads the ledger's effect counts
 set -euo pipefail
 
-needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake)
+needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl)
 missing=()
 for pkg in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
