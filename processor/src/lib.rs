@@ -10,6 +10,7 @@
 //! - [`sample`]: the reference configuration and realistic inputs (tests, simulation, bench, demo).
 //! - [`cli`]: subcommands of the `airlock` binary.
 
+pub mod audit;
 pub mod capability;
 pub mod cli;
 pub mod core;

@@ -142,14 +142,9 @@ impl Airlock {
             .create(true)
             .append(true)
             .open(log)?;
-        Command::new(airlock_binary()?)
+        let mut command = self.command(&config)?;
+        command
             .arg("run")
-            .env("AIRLOCK_KAFKA_BROKERS", &config.kafka.brokers)
-            .env("AIRLOCK_TOPICS_PREFIX", &config.topics.prefix)
-            .env(
-                "AIRLOCK_TOPICS_PARTITIONS",
-                config.topics.partitions.to_string(),
-            )
             .env("AIRLOCK_STATE_DIR", &config.state.dir)
             .env("AIRLOCK_STATE_SYNC", config.state.sync.to_string())
             .env("AIRLOCK_INSTANCE", instance)
@@ -165,9 +160,10 @@ impl Airlock {
                 "AIRLOCK_MAX_POLL_INTERVAL_MS",
                 config.processor.max_poll_interval_ms.to_string(),
             )
-            .env("AIRLOCK_REGISTRY", &config.tools.registry)
-            .env("AIRLOCK_POLICIES", &config.tools.policies)
-            .env("AIRLOCK_ENTITIES", &config.tools.entities)
+            .env(
+                "AIRLOCK_CHECKPOINT_INTERVAL_MS",
+                config.processor.checkpoint_interval_ms.to_string(),
+            )
             .env(
                 "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
                 &config.capability.signing_key_file,
@@ -176,6 +172,39 @@ impl Airlock {
             .stderr(Stdio::from(log))
             .spawn()
             .context("starting `airlock run`")
+    }
+
+    /// The `airlock` binary with `config`'s brokers, topics and tool configuration in its
+    /// environment: add a subcommand and its arguments.
+    pub fn command(&self, config: &Config) -> anyhow::Result<Command> {
+        let mut command = Command::new(airlock_binary()?);
+        command
+            .env("AIRLOCK_KAFKA_BROKERS", &config.kafka.brokers)
+            .env("AIRLOCK_TOPICS_PREFIX", &config.topics.prefix)
+            .env(
+                "AIRLOCK_TOPICS_PARTITIONS",
+                config.topics.partitions.to_string(),
+            )
+            .env("AIRLOCK_REGISTRY", &config.tools.registry)
+            .env("AIRLOCK_POLICIES", &config.tools.policies)
+            .env("AIRLOCK_ENTITIES", &config.tools.entities);
+        Ok(command)
+    }
+
+    /// Runs `airlock <args>` against this test's topics and returns its exit status, standard
+    /// output and standard error (bounded by the subcommand's own timeouts).
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+        let out = self
+            .command(&self.config)?
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running airlock {}", args.join(" ")))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     }
 
     /// A producer that partitions like every Airlock client.

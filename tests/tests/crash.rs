@@ -2,7 +2,8 @@
 //! (30% duplicates, 5% changed arguments) flow, and restarted each time. Afterwards every
 //! proposal has a decision, and after consumer-side dedup the verdicts and the dispatches are
 //! those of an uninterrupted run of the same input (the proposals as the broker ordered them,
-//! decided by the same core over an in-memory store).
+//! decided by the same core over an in-memory store). Then `airlock replay` rebuilds every
+//! partition's projection from the journal: every checkpoint hash matches, no invariant breaks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -88,5 +89,16 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         raw.len(),
         started.elapsed()
     );
+
+    // The auditor's replay of what the crashes left in the journal.
+    let (ok, stdout, stderr) = a.cli(&["replay"])?;
+    eprintln!("{stdout}");
+    assert!(ok, "airlock replay failed:\n{stdout}\n{stderr}");
+    let verified: u64 = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("total: "))
+        .filter_map(|l| l.split(", ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(verified > 0, "no checkpoint was verified:\n{stdout}");
     Ok(())
 }

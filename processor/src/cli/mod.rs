@@ -9,11 +9,15 @@
 //! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
 //! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
 //! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
+//! - [`replay`]: `airlock replay`, the journal rebuilt and verified; `--policy` for what-if.
+//! - [`audit`]: `airlock audit`, the history of one operation key or run.
 
+pub mod audit;
 pub mod check;
 pub mod fleet;
 pub mod hash;
 pub mod keygen;
+pub mod replay;
 pub mod run;
 pub mod settle;
 pub mod topics;
@@ -47,6 +51,12 @@ pub enum Command {
     /// Settle an effect by hand (OPERATOR_REQUIRED or UNKNOWN) with the operator's evidence;
     /// waits for the processor's answer.
     Settle(settle::Args),
+    /// Rebuild the projection from the journal, verify every checkpoint and the invariants,
+    /// name every finding with its offsets; exits non-zero when the journal does not verify.
+    /// With --policy, screen the recorded proposals under a candidate policy bundle instead.
+    Replay(replay::Args),
+    /// Show the history of one operation key or run from the journal.
+    Audit(audit::Args),
 }
 
 impl Cli {
@@ -59,6 +69,8 @@ impl Cli {
             Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
             Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
             Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
+            Command::Replay(args) => replay::run(&args, &mut std::io::stdout().lock()),
+            Command::Audit(args) => audit::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! - [`produce`]: the idempotent producer and phase-ordered, acknowledged sends.
 //! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
 //! - [`run`]: `airlock run`, the consumer-group batch loop.
+//! - [`scan`]: read-only, fence-filtered reads of an output partition (replay, audit).
 //! - [`logging`]: the stderr logger.
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
@@ -20,6 +21,7 @@ pub mod partitioner;
 pub mod produce;
 pub mod restore;
 pub mod run;
+pub mod scan;
 pub mod signals;
 pub mod topics;
 pub mod wire;

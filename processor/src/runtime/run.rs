@@ -333,6 +333,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
     let flush_interval = Duration::from_millis(config.batch.flush_interval_ms.max(1));
     let checkpoint_every = config.processor.checkpoint_interval_ms as i64;
     let mut last_checkpoint: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut unchecked: BTreeSet<i32> = BTreeSet::new();
     let mut summary = Summary::default();
     let mut last_report = Instant::now();
 
@@ -407,9 +408,15 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
             for (&p, task) in guard.tasks.iter_mut() {
                 task.fire_timers(now, config.processor.timers_per_batch)?;
                 let last = last_checkpoint.entry(p).or_insert(now);
-                if task.is_dirty() && now - *last >= checkpoint_every {
+                // A partition that changed since its last checkpoint gets one within the
+                // interval, even once it is idle: a replay can verify its whole journal.
+                if task.is_dirty() {
+                    unchecked.insert(p);
+                }
+                if unchecked.contains(&p) && now - *last >= checkpoint_every {
                     task.checkpoint(now)?;
                     *last = now;
+                    unchecked.remove(&p);
                 }
                 let sealed = task.seal(now)?;
                 if !sealed.is_empty() {

@@ -37,6 +37,19 @@ impl Core {
         }
     }
 
+    /// The part of a proposal's decision that needs no state (DESIGN.md section 4, steps 1 to
+    /// 6): what this core's registry and policy say of `p` before its key, run and deadline are
+    /// consulted. `airlock replay --policy` compares two policy bundles with it.
+    pub fn screen_proposal(&self, p: &ToolProposal) -> (Verdict, Reason) {
+        match self.screen(p) {
+            Screen::Refused(r) => (r.verdict, r.reason),
+            Screen::Passed { authz, .. } => match authz {
+                Authz::Approval { .. } => (Verdict::PendingApproval, Reason::ApprovalRequired),
+                _ => (Verdict::Accepted, Reason::AutoApproved),
+            },
+        }
+    }
+
     /// Steps (1) to (8) of DESIGN.md section 4, stopping at the first refusal.
     fn evaluate_proposal(
         &self,
@@ -44,129 +57,15 @@ impl Core {
         p: &ToolProposal,
         now: i64,
     ) -> Result<Evaluation<'_>> {
-        let refuse =
-            |verdict, reason, detail: String| Ok(Evaluation::refused(verdict, reason, detail));
+        let (tool, canonical, authz) = match self.screen(p) {
+            Screen::Refused(r) => return Ok(Evaluation::Refused(r)),
+            Screen::Passed {
+                tool,
+                canonical,
+                authz,
+            } => (tool, canonical, authz),
+        };
 
-        // (1) shape and size
-        if let Some((reason, problem)) = self.identity_problem(p) {
-            return refuse(Verdict::Rejected, reason, problem);
-        }
-        if p.arguments_json.len() > self.config.max_arguments_bytes {
-            return refuse(
-                Verdict::Rejected,
-                Reason::ArgumentsTooLarge,
-                format!(
-                    "arguments are {} bytes, the limit is {}",
-                    p.arguments_json.len(),
-                    self.config.max_arguments_bytes
-                ),
-            );
-        }
-        // (2) known tool and version
-        let tool = match self.registry.lookup(&p.tool, &p.tool_version) {
-            Ok(tool) => tool,
-            Err(LookupError::UnknownTool) => {
-                return refuse(
-                    Verdict::Rejected,
-                    Reason::UnknownTool,
-                    format!("no tool named {:?} in the registry", p.tool),
-                );
-            }
-            Err(LookupError::UnknownVersion) => {
-                return refuse(
-                    Verdict::Rejected,
-                    Reason::UnknownToolVersion,
-                    format!("tool {:?} has no version {:?}", p.tool, p.tool_version),
-                );
-            }
-        };
-        if p.arguments_json.len() > tool.max_arguments_bytes {
-            return refuse(
-                Verdict::Rejected,
-                Reason::ArgumentsTooLarge,
-                format!(
-                    "arguments are {} bytes, tool {} allows {}",
-                    p.arguments_json.len(),
-                    tool.name,
-                    tool.max_arguments_bytes
-                ),
-            );
-        }
-        // (3) canonical arguments and hash check
-        let canonical = match canonical::canonicalize(&p.arguments_json) {
-            Ok(c) => c,
-            Err(e) => return refuse(Verdict::Rejected, Reason::ArgumentsInvalid, e.to_string()),
-        };
-        if let Err(problem) = tool.validate_arguments(&canonical.value) {
-            return refuse(Verdict::Rejected, Reason::ArgumentsSchemaViolation, problem);
-        }
-        if let Some(claimed) = &p.arguments_hash
-            && !claimed.eq_ignore_ascii_case(&canonical.hash)
-        {
-            return Ok(Evaluation::refused_with_hash(
-                Reason::ArgumentsHashMismatch,
-                format!(
-                    "the proposal claims arguments hash {claimed}, the canonical arguments hash to {}",
-                    canonical.hash
-                ),
-                canonical.hash,
-            ));
-        }
-        // (4) tenant and resource binding
-        match tool.tenant_of(&canonical.value) {
-            Some(tenant) if tenant == p.tenant_id => {}
-            Some(tenant) => {
-                return refuse(
-                    Verdict::Rejected,
-                    Reason::TenantMismatch,
-                    format!(
-                        "argument {} names tenant {tenant:?}, the proposal's tenant is {:?}",
-                        tool.tenant_argument, p.tenant_id
-                    ),
-                );
-            }
-            None => {
-                return refuse(
-                    Verdict::Rejected,
-                    Reason::TenantMismatch,
-                    format!("argument {} (the tenant) is missing", tool.tenant_argument),
-                );
-            }
-        }
-        let Some(resource) = tool.resource_of(&canonical.value) else {
-            return refuse(
-                Verdict::Rejected,
-                Reason::ResourceUnbound,
-                format!(
-                    "argument {} (the resource) is missing or not a string or integer",
-                    tool.resource_argument
-                ),
-            );
-        };
-        // (5) business invariants
-        if let Err(problem) = tool.check_invariants(&canonical.value) {
-            return refuse(Verdict::Rejected, Reason::InvariantViolated, problem);
-        }
-        // (6) authorization, evaluated now
-        let authz = self.policy.authorize_invoke(&AuthzRequest {
-            principal: &p.principal_id,
-            tenant: &p.tenant_id,
-            tool: &p.tool,
-            tool_version: &p.tool_version,
-            resource: &resource,
-            run_id: &p.run_id,
-            arguments: &canonical.value,
-        });
-        if let Authz::Deny { .. } = authz {
-            return Ok(Evaluation::Refused(Refusal {
-                verdict: Verdict::Denied,
-                reason: Reason::PolicyDenied,
-                detail: authz.summary(),
-                arguments_hash: Some(canonical.hash),
-                policy_bundle_hash: Some(self.policy.bundle_hash().to_owned()),
-                receipt: None,
-            }));
-        }
         let bundle = Some(self.policy.bundle_hash().to_owned());
         let refuse_bound = |verdict, reason, detail: String, receipt: Option<String>| {
             Ok(Evaluation::Refused(Refusal {
@@ -330,6 +229,138 @@ impl Core {
     }
 
     /// An empty identifier is MALFORMED; one over the limit is OVERSIZED.
+    /// Steps (1) to (6): shape, tool, canonical arguments, binding, invariants, policy.
+    fn screen(&self, p: &ToolProposal) -> Screen<'_> {
+        let refuse = |verdict, reason, detail: String| {
+            Screen::Refused(Evaluation::refusal(verdict, reason, detail))
+        };
+        // (1) shape and size
+        if let Some((reason, problem)) = self.identity_problem(p) {
+            return refuse(Verdict::Rejected, reason, problem);
+        }
+        if p.arguments_json.len() > self.config.max_arguments_bytes {
+            return refuse(
+                Verdict::Rejected,
+                Reason::ArgumentsTooLarge,
+                format!(
+                    "arguments are {} bytes, the limit is {}",
+                    p.arguments_json.len(),
+                    self.config.max_arguments_bytes
+                ),
+            );
+        }
+        // (2) known tool and version
+        let tool = match self.registry.lookup(&p.tool, &p.tool_version) {
+            Ok(tool) => tool,
+            Err(LookupError::UnknownTool) => {
+                return refuse(
+                    Verdict::Rejected,
+                    Reason::UnknownTool,
+                    format!("no tool named {:?} in the registry", p.tool),
+                );
+            }
+            Err(LookupError::UnknownVersion) => {
+                return refuse(
+                    Verdict::Rejected,
+                    Reason::UnknownToolVersion,
+                    format!("tool {:?} has no version {:?}", p.tool, p.tool_version),
+                );
+            }
+        };
+        if p.arguments_json.len() > tool.max_arguments_bytes {
+            return refuse(
+                Verdict::Rejected,
+                Reason::ArgumentsTooLarge,
+                format!(
+                    "arguments are {} bytes, tool {} allows {}",
+                    p.arguments_json.len(),
+                    tool.name,
+                    tool.max_arguments_bytes
+                ),
+            );
+        }
+        // (3) canonical arguments and hash check
+        let canonical = match canonical::canonicalize(&p.arguments_json) {
+            Ok(c) => c,
+            Err(e) => return refuse(Verdict::Rejected, Reason::ArgumentsInvalid, e.to_string()),
+        };
+        if let Err(problem) = tool.validate_arguments(&canonical.value) {
+            return refuse(Verdict::Rejected, Reason::ArgumentsSchemaViolation, problem);
+        }
+        if let Some(claimed) = &p.arguments_hash
+            && !claimed.eq_ignore_ascii_case(&canonical.hash)
+        {
+            return Screen::Refused(Evaluation::refusal_with_hash(
+                Reason::ArgumentsHashMismatch,
+                format!(
+                    "the proposal claims arguments hash {claimed}, the canonical arguments hash to {}",
+                    canonical.hash
+                ),
+                canonical.hash,
+            ));
+        }
+        // (4) tenant and resource binding
+        match tool.tenant_of(&canonical.value) {
+            Some(tenant) if tenant == p.tenant_id => {}
+            Some(tenant) => {
+                return refuse(
+                    Verdict::Rejected,
+                    Reason::TenantMismatch,
+                    format!(
+                        "argument {} names tenant {tenant:?}, the proposal's tenant is {:?}",
+                        tool.tenant_argument, p.tenant_id
+                    ),
+                );
+            }
+            None => {
+                return refuse(
+                    Verdict::Rejected,
+                    Reason::TenantMismatch,
+                    format!("argument {} (the tenant) is missing", tool.tenant_argument),
+                );
+            }
+        }
+        let Some(resource) = tool.resource_of(&canonical.value) else {
+            return refuse(
+                Verdict::Rejected,
+                Reason::ResourceUnbound,
+                format!(
+                    "argument {} (the resource) is missing or not a string or integer",
+                    tool.resource_argument
+                ),
+            );
+        };
+        // (5) business invariants
+        if let Err(problem) = tool.check_invariants(&canonical.value) {
+            return refuse(Verdict::Rejected, Reason::InvariantViolated, problem);
+        }
+        // (6) authorization, evaluated now
+        let authz = self.policy.authorize_invoke(&AuthzRequest {
+            principal: &p.principal_id,
+            tenant: &p.tenant_id,
+            tool: &p.tool,
+            tool_version: &p.tool_version,
+            resource: &resource,
+            run_id: &p.run_id,
+            arguments: &canonical.value,
+        });
+        if let Authz::Deny { .. } = authz {
+            return Screen::Refused(Refusal {
+                verdict: Verdict::Denied,
+                reason: Reason::PolicyDenied,
+                detail: authz.summary(),
+                arguments_hash: Some(canonical.hash),
+                policy_bundle_hash: Some(self.policy.bundle_hash().to_owned()),
+                receipt: None,
+            });
+        }
+        Screen::Passed {
+            tool,
+            canonical,
+            authz,
+        }
+    }
+
     fn identity_problem(&self, p: &ToolProposal) -> Option<(Reason, String)> {
         let max = self.config.max_identifier_bytes;
         let fields = [
@@ -539,27 +570,37 @@ enum Evaluation<'a> {
 }
 
 impl Evaluation<'_> {
-    fn refused(verdict: Verdict, reason: Reason, detail: String) -> Self {
-        Evaluation::Refused(Refusal {
+    fn refusal(verdict: Verdict, reason: Reason, detail: String) -> Refusal {
+        Refusal {
             verdict,
             reason,
             detail,
             arguments_hash: None,
             policy_bundle_hash: None,
             receipt: None,
-        })
+        }
     }
 
-    fn refused_with_hash(reason: Reason, detail: String, hash: String) -> Self {
-        Evaluation::Refused(Refusal {
+    fn refusal_with_hash(reason: Reason, detail: String, hash: String) -> Refusal {
+        Refusal {
             verdict: Verdict::Rejected,
             reason,
             detail,
             arguments_hash: Some(hash),
             policy_bundle_hash: None,
             receipt: None,
-        })
+        }
     }
+}
+
+/// The outcome of steps (1) to (6) for a proposal.
+enum Screen<'a> {
+    Refused(Refusal),
+    Passed {
+        tool: &'a Tool,
+        canonical: canonical::Canonical,
+        authz: Authz,
+    },
 }
 
 struct Refusal {

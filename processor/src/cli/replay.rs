@@ -1,0 +1,493 @@
+//! `airlock replay`: an auditor's check of the journal (DESIGN.md section 8). Reads
+//! `airlock.journal` (all partitions or some, up to its end when the replay starts or to an
+//! offset), rebuilds each partition's projection, verifies it at every CHECKPOINT, checks the
+//! invariants, and checks every dispatch command on the dispatch topics against the journal's
+//! dispatch intents. Prints counts and every finding with its offsets; exits non-zero when the
+//! journal does not verify.
+//!
+//! `--policy <bundle>` asks another question: it screens the recorded proposals (the proposals
+//! topic) under the bundle in force and under the candidate, and reports which decisions would
+//! change.
+//!
+//! Reads only: it writes nothing and joins no group (offsets are assigned, never committed).
+//! Memory: one partition at a time, its projection plus the rollback window of events.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use airlock_schemas::{Codec, DispatchCommand, JournalEvent, ToolProposal};
+use anyhow::Context;
+use rdkafka::consumer::BaseConsumer;
+
+use crate::audit::replay::{Finding, Outcome, PartitionReplay};
+use crate::audit::whatif::WhatIf;
+use crate::core::{self, Core};
+use crate::runtime::config::Config;
+use crate::runtime::scan::{Bounds, Scanned, Scanner};
+use crate::runtime::topics::Names;
+use crate::runtime::wire::{self, Admit};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The processor's configuration file (brokers, topic prefix, partitions, tools, policy).
+    #[arg(long, short, env = "AIRLOCK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Partitions to replay, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub partitions: Vec<i32>,
+    /// Stop before this journal offset in every partition (default: the end when the replay
+    /// starts). The dispatch-topic check is skipped: later dispatches have no intent in range.
+    #[arg(long)]
+    pub until_offset: Option<i64>,
+    /// How many recent events a partition's replay keeps to roll back the orphaned tail of an
+    /// owner that died or was fenced (memory: about 2 × this many events).
+    #[arg(long, default_value_t = 10_000)]
+    pub window: usize,
+    /// Skip checking the dispatch topics against the journal's dispatch intents.
+    #[arg(long)]
+    pub no_dispatch_check: bool,
+    /// What-if: screen the recorded proposals under this candidate policy bundle (a `.cedar`
+    /// file, or a directory holding `policies.cedar` and `entities.json`) instead of replaying.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// The candidate's entities when `--policy` names a file (default: the configured ones).
+    #[arg(long, requires = "policy")]
+    pub entities: Option<PathBuf>,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+    /// How long to wait for the broker before giving up on a partition.
+    #[arg(long, default_value_t = 30)]
+    pub stall_timeout_seconds: u64,
+}
+
+pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let names = Names::new(&config.topics.prefix);
+    let partitions = partitions(&args.partitions, config.topics.partitions)?;
+    let consumer = reader(&config, "replay")?;
+    let scanner = Scanner {
+        consumer: &consumer,
+        stall_timeout: Duration::from_secs(args.stall_timeout_seconds),
+    };
+    if let Some(candidate) = &args.policy {
+        return what_if(args, &config, &names, &partitions, &scanner, candidate, out);
+    }
+    let t = &config.tools;
+    let (registry, _) = super::check::load(&t.registry, &t.policies, &t.entities)?;
+    let mut dispatch_topics: Vec<String> = registry
+        .tools()
+        .map(|t| names.dispatch(&t.connector))
+        .collect();
+    dispatch_topics.sort();
+    dispatch_topics.dedup();
+    let check_dispatches = !args.no_dispatch_check && args.until_offset.is_none();
+
+    // The dispatch topics' ends first: a dispatch read later has its intent in the journal
+    // read after it (both are produced before the batch's changelog).
+    let mut dispatch_bounds = Vec::new();
+    if check_dispatches {
+        for &p in &partitions {
+            for topic in &dispatch_topics {
+                dispatch_bounds.push((p, topic.clone(), scanner.bounds(topic, p, None)?));
+            }
+        }
+    }
+    let journal = names.journal();
+    let mut journal_bounds = Vec::new();
+    for &p in &partitions {
+        journal_bounds.push((p, scanner.bounds(&journal, p, args.until_offset)?));
+    }
+    let total: i64 = journal_bounds.iter().map(|(_, b)| b.high - b.low).sum();
+    let mut progress = Progress::new("replay", total);
+    let codec = Codec::new();
+    let mut outcomes = Vec::new();
+    for (p, bounds) in journal_bounds {
+        let mut replay = PartitionReplay::new(p, args.window)?;
+        scanner.scan(
+            &journal,
+            p,
+            bounds,
+            |s: Scanned<'_>| -> anyhow::Result<()> {
+                progress.advance(s.offset, &bounds);
+                match s.admit {
+                    Admit::Marker(_) => {}
+                    Admit::Fenced { .. } => replay.fenced(),
+                    Admit::Accept => {
+                        match s.payload.map(|b| (b, codec.decode_as::<JournalEvent>(b))) {
+                            None => replay.undecodable(s.offset, "no value".to_owned()),
+                            Some((_, Err(e))) => replay.undecodable(s.offset, e.to_string()),
+                            Some((_, Ok(e))) if e.partition != p => replay.undecodable(
+                                s.offset,
+                                format!("the event names partition {}", e.partition),
+                            ),
+                            Some((bytes, Ok(e))) => replay.event(s.offset, bytes, e)?,
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        progress.partition_done(&bounds);
+        let mut outcome = replay.finish()?;
+        for (_, topic, bounds) in dispatch_bounds.iter().filter(|(dp, _, _)| *dp == p) {
+            check_dispatch_topic(&scanner, &codec, topic, p, *bounds, &mut outcome)?;
+        }
+        outcomes.push(outcome);
+    }
+    progress.finish();
+    let findings: u64 = outcomes.iter().map(|o| o.counts.findings).sum();
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            report_json(&journal, &outcomes, check_dispatches)
+        )?;
+    } else {
+        report_text(&journal, &outcomes, check_dispatches, out)?;
+    }
+    anyhow::ensure!(
+        findings == 0,
+        "{findings} finding(s): the journal does not verify"
+    );
+    Ok(())
+}
+
+/// Every admitted dispatch command of `topic`'s partition `p` must have a journaled intent.
+fn check_dispatch_topic(
+    scanner: &Scanner<'_>,
+    codec: &Codec,
+    topic: &str,
+    p: i32,
+    bounds: Bounds,
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
+    scanner.scan(topic, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
+        if s.admit != Admit::Accept || s.kind != Some(b"dispatch".as_slice()) {
+            return Ok(());
+        }
+        outcome.counts.dispatches_checked += 1;
+        match s.payload.map(|b| codec.decode_as::<DispatchCommand>(b)) {
+            Some(Ok(d)) if outcome.invariants.intended(&d.operation_key, d.epoch) => {}
+            Some(Ok(d)) => outcome.add(Finding::UnintendedDispatch {
+                topic: topic.to_owned(),
+                offset: s.offset,
+                operation_key: d.operation_key,
+                epoch: d.epoch,
+            }),
+            _ => outcome.add(Finding::UnintendedDispatch {
+                topic: topic.to_owned(),
+                offset: s.offset,
+                operation_key: "(undecodable)".to_owned(),
+                epoch: 0,
+            }),
+        }
+        Ok(())
+    })
+}
+
+fn report_text(
+    journal: &str,
+    outcomes: &[Outcome],
+    dispatches: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "replay of {journal}, reducer version {}",
+        core::record::REDUCER_VERSION
+    )?;
+    for o in outcomes {
+        let c = &o.counts;
+        writeln!(
+            out,
+            "partition {}: {} events, {} checkpoints verified, {} copies skipped, {} fenced, {} orphans rolled back ({} rewinds){}, next sequence {}, projection {}",
+            o.partition,
+            c.events,
+            c.checkpoints,
+            c.duplicates,
+            c.fenced,
+            c.orphans,
+            c.rewinds,
+            if dispatches {
+                format!(", {} dispatches checked", c.dispatches_checked)
+            } else {
+                String::new()
+            },
+            c.next_sequence,
+            o.projection
+        )?;
+        if c.events > 0 && c.checkpoints == 0 {
+            writeln!(
+                out,
+                "  (no checkpoint in range: nothing to verify the projection against)"
+            )?;
+        }
+        for f in &o.findings {
+            writeln!(out, "  FINDING partition {}: {f}", o.partition)?;
+        }
+        if c.findings > o.findings.len() as u64 {
+            writeln!(
+                out,
+                "  … and {} more findings",
+                c.findings - o.findings.len() as u64
+            )?;
+        }
+    }
+    let sum = |f: fn(&Outcome) -> u64| outcomes.iter().map(f).sum::<u64>();
+    writeln!(
+        out,
+        "total: {} events, {} checkpoints verified, {} findings",
+        sum(|o| o.counts.events),
+        sum(|o| o.counts.checkpoints),
+        sum(|o| o.counts.findings)
+    )?;
+    Ok(())
+}
+
+fn report_json(journal: &str, outcomes: &[Outcome], dispatches: bool) -> serde_json::Value {
+    let partitions: Vec<_> = outcomes
+        .iter()
+        .map(|o| {
+            let c = &o.counts;
+            serde_json::json!({
+                "partition": o.partition,
+                "events": c.events,
+                "checkpoints_verified": c.checkpoints,
+                "copies_skipped": c.duplicates,
+                "fenced": c.fenced,
+                "orphans": c.orphans,
+                "rewinds": c.rewinds,
+                "dispatches_checked": dispatches.then_some(c.dispatches_checked),
+                "next_sequence": c.next_sequence,
+                "projection": o.projection,
+                "findings_total": c.findings,
+                "findings": o.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "journal": journal,
+        "reducer_version": core::record::REDUCER_VERSION,
+        "partitions": partitions,
+        "findings": outcomes.iter().map(|o| o.counts.findings).sum::<u64>(),
+    })
+}
+
+fn what_if(
+    args: &Args,
+    config: &Config,
+    names: &Names,
+    partitions: &[i32],
+    scanner: &Scanner<'_>,
+    candidate: &Path,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let t = &config.tools;
+    let (registry, policy) = super::check::load(&t.registry, &t.policies, &t.entities)?;
+    let in_force = Core::new(registry, policy, core::Config::default());
+    let (policies, entities) = if candidate.is_dir() {
+        (
+            candidate.join("policies.cedar"),
+            candidate.join("entities.json"),
+        )
+    } else {
+        (
+            candidate.to_owned(),
+            args.entities.clone().unwrap_or_else(|| t.entities.clone()),
+        )
+    };
+    let (registry, policy) = super::check::load(&t.registry, &policies, &entities)?;
+    let candidate = Core::new(registry, policy, core::Config::default());
+    let topic = names.proposals();
+    let mut bounds = Vec::new();
+    for &p in partitions {
+        bounds.push((p, scanner.bounds(&topic, p, args.until_offset)?));
+    }
+    let total: i64 = bounds.iter().map(|(_, b)| b.high - b.low).sum();
+    let mut progress = Progress::new("what-if", total);
+    let codec = Codec::new();
+    let mut whatif = WhatIf::default();
+    let mut undecodable = 0u64;
+    for (p, b) in bounds {
+        scanner.scan(&topic, p, b, |s: Scanned<'_>| -> anyhow::Result<()> {
+            progress.advance(s.offset, &b);
+            if s.kind == Some(wire::BARRIER_KIND.as_bytes()) {
+                return Ok(());
+            }
+            match s.payload.map(|b| codec.decode_as::<ToolProposal>(b)) {
+                Some(Ok(proposal)) => whatif.observe(&in_force, &candidate, &proposal),
+                _ => undecodable += 1,
+            }
+            Ok(())
+        })?;
+        progress.partition_done(&b);
+    }
+    progress.finish();
+    let bundle = |c: &Core| c.policy().bundle_hash().to_owned();
+    if args.json {
+        let changes: Vec<_> = whatif
+            .changes
+            .iter()
+            .map(|((before, after), (count, examples))| {
+                serde_json::json!({
+                    "from": format!("{}/{}", before.0.as_str(), before.1.as_str()),
+                    "to": format!("{}/{}", after.0.as_str(), after.1.as_str()),
+                    "count": count,
+                    "examples": examples.iter().map(|e| serde_json::json!({
+                        "proposal_id": e.proposal_id,
+                        "operation_key": e.operation_key,
+                        "principal_id": e.principal_id,
+                        "tool": e.tool,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({
+                "in_force": bundle(&in_force),
+                "candidate": bundle(&candidate),
+                "evaluated": whatif.evaluated,
+                "unchanged": whatif.unchanged,
+                "changed": whatif.changed(),
+                "undecodable": undecodable,
+                "changes": changes,
+            })
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "what-if over {topic}: bundle in force {}, candidate {}",
+        bundle(&in_force),
+        bundle(&candidate)
+    )?;
+    writeln!(
+        out,
+        "{} proposals screened, {} unchanged, {} would be decided differently ({} records not proposals)",
+        whatif.evaluated,
+        whatif.unchanged,
+        whatif.changed(),
+        undecodable
+    )?;
+    for ((before, after), (count, examples)) in &whatif.changes {
+        writeln!(
+            out,
+            "  {count:>8}  {}/{} -> {}/{}",
+            before.0.as_str(),
+            before.1.as_str(),
+            after.0.as_str(),
+            after.1.as_str()
+        )?;
+        for e in examples {
+            writeln!(
+                out,
+                "            e.g. proposal {} key {} by {} ({})",
+                e.proposal_id, e.operation_key, e.principal_id, e.tool
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The partitions asked for, checked against the topic's count.
+pub(super) fn partitions(asked: &[i32], count: i32) -> anyhow::Result<Vec<i32>> {
+    if asked.is_empty() {
+        return Ok((0..count).collect());
+    }
+    for &p in asked {
+        anyhow::ensure!(
+            (0..count).contains(&p),
+            "partition {p} does not exist (the topics have {count} partitions)"
+        );
+    }
+    let mut v = asked.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+/// A consumer that only reads assigned partitions (no group membership, no commits).
+pub(super) fn reader(config: &Config, role: &str) -> anyhow::Result<BaseConsumer> {
+    config
+        .client_config()
+        .set("group.id", format!("{}{role}", config.topics.prefix))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create()
+        .context("creating the Kafka reader")
+}
+
+/// Progress on standard error: a line redrawn in place on a terminal, a line every ten
+/// seconds otherwise, nothing for short runs.
+pub(super) struct Progress {
+    what: &'static str,
+    total: i64,
+    done_before: i64,
+    at: i64,
+    started: Instant,
+    shown: Instant,
+    tty: bool,
+    printed: bool,
+}
+
+impl Progress {
+    pub(super) fn new(what: &'static str, total: i64) -> Self {
+        let now = Instant::now();
+        Progress {
+            what,
+            total: total.max(1),
+            done_before: 0,
+            at: 0,
+            started: now,
+            shown: now,
+            tty: std::io::stderr().is_terminal(),
+            printed: false,
+        }
+    }
+
+    pub(super) fn advance(&mut self, offset: i64, bounds: &Bounds) {
+        self.at = offset + 1 - bounds.low;
+        let every = if self.tty {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_secs(10)
+        };
+        if self.shown.elapsed() >= every && self.started.elapsed() >= Duration::from_secs(1) {
+            self.shown = Instant::now();
+            self.show();
+        }
+    }
+
+    pub(super) fn partition_done(&mut self, bounds: &Bounds) {
+        self.done_before += bounds.high - bounds.low;
+        self.at = 0;
+    }
+
+    pub(super) fn finish(&mut self) {
+        if self.printed && self.tty {
+            eprintln!();
+        }
+    }
+
+    fn show(&mut self) {
+        let done = self.done_before + self.at;
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let line = format!(
+            "{}: {done}/{} records ({:.0}%), {:.0} records/s",
+            self.what,
+            self.total,
+            100.0 * done as f64 / self.total as f64,
+            done as f64 / secs
+        );
+        if self.tty {
+            eprint!("\r{line}   ");
+        } else {
+            eprintln!("{line}");
+        }
+        self.printed = true;
+    }
+}

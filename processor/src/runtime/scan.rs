@@ -1,0 +1,164 @@
+//! Reading an output topic's partition from one offset to another, as an auditor does: every
+//! record classified by the owner-epoch fence (DESIGN.md section 5, fence 1) before the caller
+//! sees it, barriers skipped, every wait bounded.
+//!
+//! Used by `airlock replay`, `airlock audit` and the what-if evaluation. A scan only reads: it
+//! never writes a barrier, so it works with read-only credentials. Its end is the partition's
+//! high watermark when the scan starts (tansu 0.6 can report one that stops inside the last
+//! batch: the scan then ends a few records early, never reads past what was there).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::wire::{self, Admit, FenceFilter};
+
+/// Errors of a scan; each names the topic and partition.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{topic}/{partition}: kafka: {source}")]
+    Kafka {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    #[error(
+        "{topic}/{partition}: no record for {stalled:?} at offset {at} of {until}; is the broker up?"
+    )]
+    Stalled {
+        topic: String,
+        partition: i32,
+        at: i64,
+        until: i64,
+        stalled: Duration,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One record of the scanned partition, with the fence's verdict on it.
+#[derive(Debug)]
+pub struct Scanned<'a> {
+    pub offset: i64,
+    pub admit: Admit,
+    /// The `airlock-kind` header, when present.
+    pub kind: Option<&'a [u8]>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+}
+
+/// The offsets a scan covers: `[low, high)` of the partition, cut at `until` when given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub low: i64,
+    pub high: i64,
+}
+
+/// A read-only reader of output partitions.
+pub struct Scanner<'c> {
+    pub consumer: &'c BaseConsumer,
+    /// How long a scan waits for the next record before it gives up.
+    pub stall_timeout: Duration,
+}
+
+impl std::fmt::Debug for Scanner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scanner")
+            .field("stall_timeout", &self.stall_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scanner<'_> {
+    /// Where `topic`'s `partition` starts and ends now, the end cut at `until` (exclusive).
+    pub fn bounds(&self, topic: &str, partition: i32, until: Option<i64>) -> Result<Bounds> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(topic, partition, self.stall_timeout)
+            .map_err(|source| Error::Kafka {
+                topic: topic.to_owned(),
+                partition,
+                source,
+            })?;
+        Ok(Bounds {
+            low,
+            high: until.map_or(high, |u| u.min(high)),
+        })
+    }
+
+    /// Reads `bounds` of `topic`'s `partition` in offset order, classifying each record with a
+    /// fresh fence filter: `visit` sees every record but barriers, fence markers included.
+    pub fn scan<E: From<Error>>(
+        &self,
+        topic: &str,
+        partition: i32,
+        bounds: Bounds,
+        mut visit: impl FnMut(Scanned<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if bounds.low >= bounds.high {
+            return Ok(());
+        }
+        let kafka = |source| Error::Kafka {
+            topic: topic.to_owned(),
+            partition,
+            source,
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(bounds.low))
+            .map_err(kafka)?;
+        self.consumer.assign(&tpl).map_err(kafka)?;
+        let mut filter = FenceFilter::default();
+        let mut at = bounds.low;
+        let mut progress = Instant::now();
+        let result = (|| {
+            while at < bounds.high {
+                let Some(message) = self.consumer.poll(Duration::from_millis(200)) else {
+                    if progress.elapsed() > self.stall_timeout {
+                        return Err(E::from(Error::Stalled {
+                            topic: topic.to_owned(),
+                            partition,
+                            at,
+                            until: bounds.high,
+                            stalled: progress.elapsed(),
+                        }));
+                    }
+                    continue;
+                };
+                let message = message.map_err(kafka)?;
+                progress = Instant::now();
+                let offset = message.offset();
+                at = offset + 1;
+                if offset >= bounds.high {
+                    break;
+                }
+                let headers = message.headers();
+                let pairs = headers
+                    .into_iter()
+                    .flat_map(|h| h.iter())
+                    .map(|h| (h.key, h.value.unwrap_or_default()));
+                let kind = headers.and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == wire::header::KIND)
+                        .and_then(|h| h.value)
+                });
+                if kind == Some(wire::BARRIER_KIND.as_bytes()) {
+                    continue;
+                }
+                let admit = filter.admit(topic, partition, pairs);
+                visit(Scanned {
+                    offset,
+                    admit,
+                    kind,
+                    key: message.key(),
+                    payload: message.payload(),
+                })?;
+            }
+            Ok(())
+        })();
+        self.consumer.unassign().map_err(kafka)?;
+        result
+    }
+}
