@@ -9,11 +9,13 @@
 //! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
 //! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
 //! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
+//! - [`receipts`]: `airlock receipts verify`, the check of the signed receipt chains.
 
 pub mod check;
 pub mod fleet;
 pub mod hash;
 pub mod keygen;
+pub mod receipts;
 pub mod run;
 pub mod settle;
 pub mod topics;
@@ -47,6 +49,8 @@ pub enum Command {
     /// Settle an effect by hand (OPERATOR_REQUIRED or UNKNOWN) with the operator's evidence;
     /// waits for the processor's answer.
     Settle(settle::Args),
+    /// Signed receipts of final outcomes and refusals, chained per partition.
+    Receipts(receipts::Args),
 }
 
 impl Cli {
@@ -59,6 +63,7 @@ impl Cli {
             Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
             Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
             Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
+            Command::Receipts(args) => receipts::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }
