@@ -6,6 +6,8 @@
 //! - [`store`]: typed state over RocksDB or memory, timers, projection hash, atomic batches.
 //! - [`runtime`]: the Kafka shell: configuration, topics.
 //! - [`capability`]: the Ed25519 signature on dispatch commands, and the check workers run.
+//! - [`receipt`]: signed, hash-chained receipts of final outcomes and refusals, and their
+//!   verifier.
 //! - [`task`]: one partition's decision loop (decide, stamp, stage, fire timers, commit).
 //! - [`sample`]: the reference configuration and realistic inputs (tests, simulation, bench, demo).
 //! - [`cli`]: subcommands of the `airlock` binary.
@@ -14,6 +16,7 @@ pub mod audit;
 pub mod capability;
 pub mod cli;
 pub mod core;
+pub mod receipt;
 pub mod runtime;
 pub mod sample;
 pub mod store;

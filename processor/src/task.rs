@@ -1,15 +1,17 @@
 //! One processor task's logic without Kafka: decide each input with the core, stamp the outputs
-//! with the task's partition and owner epoch, stage the state writes and the journal sequence in
-//! the store, fire due timers through the same path, and commit a whole batch at once.
+//! with the task's partition and owner epoch, seal the receipts of final outcomes and refusals
+//! onto the partition's chain, stage the state writes, the journal sequence and the chain head
+//! in the store, fire due timers through the same path, and commit a whole batch at once.
 //!
 //! The Kafka runtime drives a `Task` per partition; tests, the simulation and the benchmark
 //! drive it directly.
 
 use std::sync::Arc;
 
-use airlock_schemas::{JournalEvent, JournalKind};
+use airlock_schemas::{Codec, JournalEvent, JournalKind, Receipt};
 
 use crate::core::{self, Core, Effects, Input, TaskContext};
+use crate::receipt;
 use crate::store::{self, Store, keys::Table};
 
 /// Errors of a task: the core or the store failed. Input never causes one.
@@ -33,6 +35,12 @@ pub enum Error {
         #[source]
         source: store::Error,
     },
+    #[error("partition {partition}: {source}")]
+    Receipt {
+        partition: i32,
+        #[source]
+        source: receipt::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -47,16 +55,23 @@ pub struct Task<S> {
     ctx: TaskContext,
     /// Sequence number of the next journal event of this partition (persisted with the batch).
     next_sequence: i64,
+    /// Where the partition's receipt chain stands (persisted with the batch).
+    receipt_head: receipt::Head,
+    /// Encodes receipts to hash them.
+    codec: Codec,
 }
 
 impl<S: Store> Task<S> {
     pub fn new(core: Arc<Core>, store: S, ctx: TaskContext) -> Result<Self> {
         let next_sequence = load_sequence(&store, ctx.partition)?;
+        let receipt_head = load_receipt_head(&store, ctx.partition)?;
         Ok(Task {
             core,
             store,
             ctx,
             next_sequence,
+            receipt_head,
+            codec: Codec::new(),
         })
     }
 
@@ -191,13 +206,38 @@ impl<S: Store> Task<S> {
     pub fn discard(&mut self) -> Result<()> {
         self.store.discard();
         self.next_sequence = load_sequence(&self.store, self.ctx.partition)?;
+        self.receipt_head = load_receipt_head(&self.store, self.ctx.partition)?;
         Ok(())
+    }
+
+    /// Seals `drafts` (see `receipt::drafts`) onto the partition's chain and stages the new
+    /// head; nothing without a receipt key.
+    pub fn seal_receipts(&mut self, drafts: Vec<Receipt>) -> Result<Vec<Receipt>> {
+        let partition = self.ctx.partition;
+        let Some(key) = self.core.receipt_key() else {
+            return Ok(Vec::new());
+        };
+        if drafts.is_empty() {
+            return Ok(drafts);
+        }
+        let mut sealed = drafts;
+        for r in &mut sealed {
+            receipt::seal(&self.codec, key, partition, &mut self.receipt_head, r)
+                .map_err(|source| Error::Receipt { partition, source })?;
+        }
+        self.store.stage_raw(
+            Table::Meta,
+            receipt::META_CHAIN,
+            Some(self.receipt_head.encode()),
+        );
+        Ok(sealed)
     }
 
     fn stage(&mut self, effects: &mut Effects) -> Result<()> {
         let partition = self.ctx.partition;
         let before = self.next_sequence;
         effects.stamp(&self.ctx, &mut self.next_sequence);
+        effects.receipts = self.seal_receipts(receipt::drafts(effects))?;
         self.store
             .apply(&effects.writes)
             .map_err(|source| Error::Store { partition, source })?;
@@ -209,6 +249,18 @@ impl<S: Store> Task<S> {
             );
         }
         Ok(())
+    }
+}
+
+fn load_receipt_head(store: &impl Store, partition: i32) -> Result<receipt::Head> {
+    match store
+        .get_raw(Table::Meta, receipt::META_CHAIN)
+        .map_err(|source| Error::Store { partition, source })?
+    {
+        Some(bytes) => {
+            receipt::Head::decode(&bytes).map_err(|source| Error::Receipt { partition, source })
+        }
+        None => Ok(receipt::Head::default()),
     }
 }
 

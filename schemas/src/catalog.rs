@@ -45,6 +45,7 @@ const SNAPSHOTS: &[(RecordKind, u32, &str)] = &[
     snapshot!(Decision, 1),
     snapshot!(JournalEvent, 1),
     snapshot!(ChangelogRecord, 1),
+    snapshot!(Receipt, 1),
 ];
 
 /// One version of one record's schema, parsed, with its canonical form and fingerprint.

@@ -23,7 +23,7 @@ use std::{collections::HashMap, fmt};
 
 use crate::{
     AnyRecord, Approval, ChangelogRecord, Control, Decision, DispatchCommand, Error, Fingerprint,
-    JournalEvent, Outcome, ReconcileCommand, Record, RecordKind, Result, SchemaVersion,
+    JournalEvent, Outcome, Receipt, ReconcileCommand, Record, RecordKind, Result, SchemaVersion,
     ToolProposal,
     catalog::schema_by_fingerprint,
     datum::{self, DatumError, DatumErrorKind},
@@ -507,6 +507,7 @@ impl Codec {
             RecordKind::ChangelogRecord => {
                 decode_body::<ChangelogRecord>(writer, payload, body)?.into()
             }
+            RecordKind::Receipt => decode_body::<Receipt>(writer, payload, body)?.into(),
         };
         Ok(Decoded {
             framing: header.framing,

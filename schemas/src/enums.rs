@@ -6,7 +6,7 @@
 //!
 //! Enum defaults (the reader-side fallback for a symbol a newer writer added): `EffectState` and
 //! `OutcomeKind` fall back to `UNKNOWN` and `ApprovalVerdict` to `REJECT`, the conservative
-//! readings. `Verdict`, `Reason`, `JournalKind`, `ControlKind` and `StateTable` have no default
+//! readings. `Verdict`, `Reason`, `JournalKind`, `ControlKind`, `StateTable` and `ReceiptKind` have no default
 //! on purpose: reading an unknown symbol as a known one would misreport or misapply it, so adding
 //! one of their symbols requires upgrading readers before writers.
 
@@ -327,6 +327,16 @@ avro_enum! {
         Offset = "OFFSET",
         /// Partition metadata.
         Meta = "META",
+    }
+}
+
+avro_enum! {
+    /// What a receipt attests (Avro enum `ReceiptKind`; no enum default).
+    ReceiptKind {
+        /// An effect reached a terminal state (COMMITTED, FAILED, CANCELLED).
+        Settlement = "SETTLEMENT",
+        /// A proposal, approval or operator command was refused.
+        Refusal = "REFUSAL",
     }
 }
 

@@ -68,6 +68,8 @@ record_kinds! {
     JournalEvent,
     /// One change to the processor's local state.
     ChangelogRecord,
+    /// A signed, hash-chained attestation of a terminal outcome or a refusal.
+    Receipt,
 }
 
 impl RecordKind {

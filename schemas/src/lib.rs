@@ -6,10 +6,11 @@
 //!   [`RecordKind`] lists the top-level records and gives access to each one's current
 //!   [`SchemaVersion`] and frozen snapshots.
 //! * [`ToolProposal`], [`Approval`], [`Outcome`], [`Control`], [`DispatchCommand`],
-//!   [`ReconcileCommand`], [`Decision`], [`JournalEvent`] and [`ChangelogRecord`] (with the
-//!   nested [`InputOffset`]) mirror the records field for field; the [`Record`] trait ties each
-//!   to its schema. The Avro enums are [`Verdict`], [`Reason`], [`EffectState`],
-//!   [`JournalKind`], [`OutcomeKind`], [`ControlKind`], [`ApprovalVerdict`] and [`StateTable`].
+//!   [`ReconcileCommand`], [`Decision`], [`JournalEvent`], [`ChangelogRecord`] (with the
+//!   nested [`InputOffset`]) and [`Receipt`] mirror the records field for field; the [`Record`]
+//!   trait ties each to its schema. The Avro enums are [`Verdict`], [`Reason`],
+//!   [`EffectState`], [`JournalKind`], [`OutcomeKind`], [`ControlKind`], [`ApprovalVerdict`],
+//!   [`StateTable`] and [`ReceiptKind`].
 //! * [`Codec`] encodes and decodes them as bare datums, Avro single-object payloads or
 //!   Confluent wire-format payloads, with a size limit and typed [`Error`]s.
 //!
@@ -58,15 +59,15 @@ pub use codec::{
     encode_single_object,
 };
 pub use enums::{
-    ApprovalVerdict, ControlKind, EffectState, JournalKind, OutcomeKind, Reason, StateTable,
-    Verdict,
+    ApprovalVerdict, ControlKind, EffectState, JournalKind, OutcomeKind, Reason, ReceiptKind,
+    StateTable, Verdict,
 };
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, parsing_canonical_form};
 pub use kind::RecordKind;
 pub use records::{
     AnyRecord, Approval, ChangelogRecord, Control, Decision, DispatchCommand, InputOffset,
-    JournalEvent, Outcome, ReconcileCommand, Record, ToolProposal,
+    JournalEvent, Outcome, Receipt, ReconcileCommand, Record, ToolProposal,
 };
 
 /// The Avro namespace of every Airlock schema.

@@ -12,8 +12,8 @@ use apache_avro::{Schema, serde_avro_bytes, serde_avro_bytes_opt};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
-    ApprovalVerdict, ControlKind, EffectState, Error, JournalKind, OutcomeKind, Reason, RecordKind,
-    StateTable, Verdict,
+    ApprovalVerdict, ControlKind, EffectState, Error, JournalKind, OutcomeKind, Reason,
+    ReceiptKind, RecordKind, StateTable, Verdict,
 };
 
 mod sealed {
@@ -405,6 +405,59 @@ macro_rules! any_record {
     };
 }
 
+/// A signed, hash-chained attestation of one terminal outcome or one refusal (`Receipt.avsc`).
+///
+/// `hash` and `signature` are the last two fields: the hash covers the Avro datum up to them,
+/// so a verifier hashes the bytes it read, whatever writer version produced them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Processor partition whose chain holds the receipt.
+    pub partition: i32,
+    /// Gap-free position in the partition's chain, from 0.
+    pub sequence: i64,
+    /// Hex hash of the receipt at `sequence - 1` (64 zeros for the first).
+    pub previous_hash: String,
+    /// Settlement or refusal.
+    pub kind: ReceiptKind,
+    /// Effect concerned (empty when a refused input named none).
+    pub operation_key: String,
+    /// Id of the input (or timer) that caused the transition.
+    pub cause_id: String,
+    /// Proposal of the effect.
+    pub proposal_id: Option<String>,
+    /// Agent run.
+    pub run_id: Option<String>,
+    /// Tenant.
+    pub tenant_id: Option<String>,
+    /// Requester, approver, connector worker or operator the transition names.
+    pub principal_id: Option<String>,
+    /// Tool.
+    pub tool: Option<String>,
+    /// Verdict published.
+    pub verdict: Verdict,
+    /// Reason of the verdict.
+    pub reason: Reason,
+    /// State of the effect after the transition.
+    pub state: Option<EffectState>,
+    /// Attempt epoch.
+    pub epoch: Option<i64>,
+    /// Hex SHA-256 of the canonical arguments.
+    pub arguments_hash: Option<String>,
+    /// Policy bundle in force.
+    pub policy_bundle_hash: Option<String>,
+    /// Explanation published with the verdict (quotes untrusted evidence).
+    pub detail: Option<String>,
+    /// Time of the transition, epoch milliseconds.
+    pub issued_at: i64,
+    /// Hex Ed25519 public key of the signer.
+    pub key_id: String,
+    /// Hex SHA-256 of the content (the datum before this field).
+    pub hash: String,
+    /// Ed25519 signature of the hash.
+    #[serde(with = "serde_avro_bytes")]
+    pub signature: Vec<u8>,
+}
+
 any_record! {
     ToolProposal,
     Approval,
@@ -415,4 +468,5 @@ any_record! {
     Decision,
     JournalEvent,
     ChangelogRecord,
+    Receipt,
 }

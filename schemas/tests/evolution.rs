@@ -14,7 +14,7 @@ use std::{
 
 use airlock_schemas::{
     Approval, ChangelogRecord, Codec, Control, Decision, DispatchCommand, JournalEvent, Outcome,
-    ReconcileCommand, Record, RecordKind, Schema, SchemaVersion, ToolProposal,
+    Receipt, ReconcileCommand, Record, RecordKind, Schema, SchemaVersion, ToolProposal,
     parsing_canonical_form,
 };
 use apache_avro::{schema_compatibility::SchemaCompatibility, types::Value};
@@ -243,6 +243,7 @@ fn data_written_with_every_snapshot_decodes_with_the_current_schema() {
         read_all_snapshots::<Decision>(),
         read_all_snapshots::<JournalEvent>(),
         read_all_snapshots::<ChangelogRecord>(),
+        read_all_snapshots::<Receipt>(),
     ]
     .into();
     assert_eq!(covered, RecordKind::ALL.iter().copied().collect());

@@ -52,6 +52,7 @@ const FINGERPRINTS: &[(RecordKind, &str, &str)] = &[
         "377bc0849627a7db",
         "fa6c63ef5a5fca53",
     ),
+    (RecordKind::Receipt, "3c5cd0524f2c2193", "efa9caf6f7af2afb"),
 ];
 
 #[test]

@@ -86,6 +86,7 @@ fn check_any(codec: &Codec, any: &AnyRecord) -> Result<(), TestCaseError> {
         AnyRecord::Decision(r) => check(codec, r),
         AnyRecord::JournalEvent(r) => check(codec, r),
         AnyRecord::ChangelogRecord(r) => check(codec, r),
+        AnyRecord::Receipt(r) => check(codec, r),
     }
 }
 
@@ -138,6 +139,11 @@ proptest! {
     }
 
     #[test]
+    fn receipt_round_trips(value in common::receipt()) {
+        check(&codec(), &value)?;
+    }
+
+    #[test]
     fn any_record_round_trips(value in common::any_record()) {
         check_any(&codec(), &value)?;
     }
@@ -156,6 +162,7 @@ proptest! {
             AnyRecord::Decision(r) => codec.encode_single_object(r)?,
             AnyRecord::JournalEvent(r) => codec.encode_single_object(r)?,
             AnyRecord::ChangelogRecord(r) => codec.encode_single_object(r)?,
+            AnyRecord::Receipt(r) => codec.encode_single_object(r)?,
         };
         for len in 0..payload.len() {
             prop_assert!(codec.decode(&payload[..len]).is_err(), "prefix of {} bytes decoded", len);

@@ -10,7 +10,7 @@ use std::{
 
 use airlock_schemas::{
     AnyRecord, ApprovalVerdict, ControlKind, EffectState, JournalKind, NAMESPACE, OutcomeKind,
-    Reason, RecordKind, Schema, StateTable, Verdict,
+    Reason, ReceiptKind, RecordKind, Schema, StateTable, Verdict,
 };
 use apache_avro::types::Value;
 use serde_json::Value as Json;
@@ -238,6 +238,7 @@ fn rust_enums_mirror_the_avro_enums() {
         Some("REJECT"),
     );
     check_enum("StateTable", StateTable::ALL, StateTable::as_str, None);
+    check_enum("ReceiptKind", ReceiptKind::ALL, ReceiptKind::as_str, None);
 }
 
 /// apache-avro's serializer writes struct fields in declaration order without checking them
@@ -284,6 +285,7 @@ fn rust_records_mirror_the_avro_records() {
             AnyRecord::Decision(r) => apache_avro::to_value(r),
             AnyRecord::JournalEvent(r) => apache_avro::to_value(r),
             AnyRecord::ChangelogRecord(r) => apache_avro::to_value(r),
+            AnyRecord::Receipt(r) => apache_avro::to_value(r),
         }
         .expect("record converts to an Avro value");
         let resolved = value

@@ -51,6 +51,8 @@ pub struct Options {
     pub reference_attempt_timeouts: bool,
     /// The processors sign dispatch commands with this key (`capability.signing_key_file`).
     pub signing_key_file: Option<PathBuf>,
+    /// The processors issue receipts signed with this key (`receipts.signing_key_file`).
+    pub receipts_key_file: Option<PathBuf>,
 }
 
 impl Airlock {
@@ -83,6 +85,9 @@ impl Airlock {
         };
         if let Some(key) = options.signing_key_file {
             config.capability.signing_key_file = key;
+        }
+        if let Some(key) = options.receipts_key_file {
+            config.receipts.signing_key_file = key;
         }
         config.tools.registry = dir.join("tools.toml");
         config.tools.policies = dir.join("policies.cedar");
@@ -167,6 +172,10 @@ impl Airlock {
             .env(
                 "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
                 &config.capability.signing_key_file,
+            )
+            .env(
+                "AIRLOCK_RECEIPTS_SIGNING_KEY_FILE",
+                &config.receipts.signing_key_file,
             )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

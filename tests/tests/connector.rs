@@ -43,6 +43,7 @@ async fn signed_airlock(test: &str, keys: &Keys) -> anyhow::Result<Airlock> {
         Options {
             reference_attempt_timeouts: true,
             signing_key_file: Some(keys.signing_file.clone()),
+            ..Options::default()
         },
     )
     .await

@@ -11,12 +11,14 @@
 //! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
 //! - [`replay`]: `airlock replay`, the journal rebuilt and verified; `--policy` for what-if.
 //! - [`audit`]: `airlock audit`, the history of one operation key or run.
+//! - [`receipts`]: `airlock receipts verify`, the check of the signed receipt chains.
 
 pub mod audit;
 pub mod check;
 pub mod fleet;
 pub mod hash;
 pub mod keygen;
+pub mod receipts;
 pub mod replay;
 pub mod run;
 pub mod settle;
@@ -57,6 +59,8 @@ pub enum Command {
     Replay(replay::Args),
     /// Show the history of one operation key or run from the journal.
     Audit(audit::Args),
+    /// Signed receipts of final outcomes and refusals, chained per partition.
+    Receipts(receipts::Args),
 }
 
 impl Cli {
@@ -71,6 +75,7 @@ impl Cli {
             Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
             Command::Replay(args) => replay::run(&args, &mut std::io::stdout().lock()),
             Command::Audit(args) => audit::run(&args, &mut std::io::stdout().lock()),
+            Command::Receipts(args) => receipts::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

@@ -50,7 +50,7 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         registry.tools().count(),
         policy.bundle_hash()
     );
-    let core = Core::new(registry, policy, core::Config::default());
+    let core = with_receipt_key(Core::new(registry, policy, core::Config::default()), config)?;
     let key_file = &config.capability.signing_key_file;
     if key_file.as_os_str().is_empty() {
         log::warn!(
@@ -66,4 +66,23 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         hex::encode(key.verifying_key().to_bytes())
     );
     Ok(core.with_capability_key(key))
+}
+
+fn with_receipt_key(core: Core, config: &Config) -> anyhow::Result<Core> {
+    let key_file = &config.receipts.signing_key_file;
+    if key_file.as_os_str().is_empty() {
+        log::info!(
+            "receipts.signing_key_file is not set: receipts are off (no signed receipt chain in \
+             {}receipts)",
+            config.topics.prefix
+        );
+        return Ok(core);
+    }
+    let key = capability::load_signing_key(key_file).context("loading the receipts signing key")?;
+    log::info!(
+        "receipts are on, chained per partition in {}receipts; verifying key {}",
+        config.topics.prefix,
+        hex::encode(key.verifying_key().to_bytes())
+    );
+    Ok(core.with_receipt_key(key))
 }

@@ -1,7 +1,7 @@
 //! What the core asks the shell to do. Nothing here has happened yet: the shell makes the
 //! writes durable together with the outbox, then produces the records.
 
-use airlock_schemas::{Decision, DispatchCommand, JournalEvent, ReconcileCommand};
+use airlock_schemas::{Decision, DispatchCommand, JournalEvent, Receipt, ReconcileCommand};
 
 use super::record::Write;
 
@@ -29,6 +29,9 @@ pub struct Effects {
     pub journal: Vec<JournalEvent>,
     /// The state changes, in order: exactly the concatenation of the journal events' writes.
     pub writes: Vec<Write>,
+    /// Signed receipts of the final outcomes and refusals (`airlock.receipts`): sealed by the
+    /// task from the decisions above when a receipt key is configured, never by the core.
+    pub receipts: Vec<Receipt>,
 }
 
 impl Effects {
@@ -39,6 +42,7 @@ impl Effects {
             && self.decisions.is_empty()
             && self.journal.is_empty()
             && self.writes.is_empty()
+            && self.receipts.is_empty()
     }
 
     /// Stamps the task's partition and owner epoch on every output and numbers the journal

@@ -21,6 +21,7 @@
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
+//! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,17 @@ pub struct Config {
     pub tools: Tools,
     pub processor: Processor,
     pub capability: Capability,
+    pub receipts: Receipts,
+}
+
+/// Signed receipts of final outcomes and refusals (see `crate::receipt`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Receipts {
+    /// The Ed25519 key receipts are signed with (same formats as the capability key; `airlock
+    /// keygen` writes one), distinct from the capability key: auditors hold its public half.
+    /// Empty issues no receipts and leaves `<prefix>receipts` unused.
+    pub signing_key_file: PathBuf,
 }
 
 /// Signing of dispatch commands (see `crate::capability`).
@@ -346,6 +358,9 @@ impl Config {
         }
         if let Some(v) = lookup("AIRLOCK_CAPABILITY_SIGNING_KEY_FILE") {
             self.capability.signing_key_file = PathBuf::from(v);
+        }
+        if let Some(v) = lookup("AIRLOCK_RECEIPTS_SIGNING_KEY_FILE") {
+            self.receipts.signing_key_file = PathBuf::from(v);
         }
         Ok(())
     }

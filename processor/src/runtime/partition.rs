@@ -502,6 +502,13 @@ impl PartitionTask {
             phase: 0,
         });
         if let Some((in_reply_to, operation_key, run_id)) = refusal.reply {
+            // Named as `Input::cause_id` names a decided input.
+            let cause_id = match rec.source {
+                Source::Proposals => format!("proposal:{in_reply_to}"),
+                Source::Approvals => format!("approval:{in_reply_to}"),
+                Source::Outcomes => format!("outcome:{in_reply_to}"),
+                Source::Control => format!("control:{in_reply_to}"),
+            };
             let decision = Decision {
                 // Not `p/<proposal id>`: the same proposal sent again correctly must get its
                 // own decision, not be deduplicated into this refusal.
@@ -521,8 +528,14 @@ impl PartitionTask {
                 owner_epoch,
                 decided_at: rec.timestamp,
             };
+            let receipts = self.task.seal_receipts(
+                crate::receipt::draft_of_dead_letter(&decision, cause_id)
+                    .into_iter()
+                    .collect(),
+            )?;
             let effects = Effects {
                 decisions: vec![decision],
+                receipts,
                 ..Effects::default()
             };
             self.stage_outputs(&effects)?;
@@ -604,6 +617,21 @@ impl PartitionTask {
                 headers: wire::identity(
                     "journal",
                     &format!("journal/{partition}/{}", j.sequence),
+                    partition,
+                    owner_epoch,
+                ),
+                phase: 0,
+            });
+        }
+        for r in &effects.receipts {
+            out.push(OutRecord {
+                topic: self.names.receipts(),
+                partition,
+                key: Some(r.operation_key.as_bytes().to_vec()),
+                value: Some(encode("receipt", self.codec.encode_single_object(r))?),
+                headers: wire::identity(
+                    "receipt",
+                    &format!("receipt/{partition}/{}", r.sequence),
                     partition,
                     owner_epoch,
                 ),

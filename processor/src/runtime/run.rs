@@ -224,6 +224,10 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
         names.dlq(),
     ];
     output_topics.extend(connectors.iter().map(|c| names.dispatch(c)));
+    // Without a receipt key nothing is written there: a cluster may lack the topic.
+    if core.receipt_key().is_some() {
+        output_topics.push(names.receipts());
+    }
     let inputs = vec![
         names.proposals(),
         names.approvals(),

@@ -1,6 +1,6 @@
 //! Topic names and `airlock topics create`: every topic of DESIGN.md section 1 with one
 //! partition count (they are co-partitioned by operation key), the changelog compacted, the
-//! journal kept forever, and a refusal to go on when existing topics disagree on partitions.
+//! journal and the receipts kept forever, and a refusal to go on when existing topics disagree on partitions.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -80,6 +80,9 @@ impl Names {
     pub fn dlq(&self) -> String {
         format!("{}dlq", self.prefix)
     }
+    pub fn receipts(&self) -> String {
+        format!("{}receipts", self.prefix)
+    }
     pub fn dispatch(&self, connector: &str) -> String {
         format!("{}dispatch.{connector}", self.prefix)
     }
@@ -107,6 +110,11 @@ impl Names {
                 configs: vec![("cleanup.policy", "compact")],
             },
             plain(self.dlq()),
+            TopicSpec {
+                name: self.receipts(),
+                // Signed receipts, chained per partition: a gap would read as tampering.
+                configs: vec![("retention.ms", "-1"), ("retention.bytes", "-1")],
+            },
         ];
         let mut connectors: Vec<&str> = connectors.into_iter().collect();
         connectors.sort_unstable();
@@ -207,6 +215,7 @@ mod tests {
                 "airlock.journal",
                 "airlock.changelog",
                 "airlock.dlq",
+                "airlock.receipts",
                 "airlock.dispatch.http",
                 "airlock.dispatch.ledger",
             ]
@@ -215,6 +224,12 @@ mod tests {
         assert_eq!(
             changelog.map(|s| s.configs.clone()),
             Some(vec![("cleanup.policy", "compact")])
+        );
+        // A receipt deleted by retention would read as a break of the chain.
+        let receipts = specs.iter().find(|s| s.name.ends_with("receipts"));
+        assert_eq!(
+            receipts.map(|s| s.configs.clone()),
+            Some(vec![("retention.ms", "-1"), ("retention.bytes", "-1")])
         );
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! | header | on | meaning |
 //! | --- | --- | --- |
-//! | `airlock-kind` | every output | `decision`, `dispatch`, `reconcile`, `journal`, `changelog`, `dlq`, `fence`, `barrier`, `outcome` (connector workers) |
+//! | `airlock-kind` | every output | `decision`, `dispatch`, `reconcile`, `journal`, `receipt`, `changelog`, `dlq`, `fence`, `barrier`, `outcome` (connector workers) |
 //! | `airlock-id` | every output | deterministic identity: consumers deduplicate on it |
 //! | `airlock-owner-partition` | every output | the task's partition |
 //! | `airlock-owner-epoch` | every output | the task's owner epoch; a fence marker announces one |

@@ -5,7 +5,7 @@
 use airlock_schemas::{
     AnyRecord, Approval, ApprovalVerdict, ChangelogRecord, Control, ControlKind, Decision,
     DispatchCommand, EffectState, InputOffset, JournalEvent, JournalKind, Outcome, OutcomeKind,
-    Reason, ReconcileCommand, StateTable, ToolProposal, Verdict,
+    Reason, Receipt, ReceiptKind, ReconcileCommand, StateTable, ToolProposal, Verdict,
 };
 use proptest::{collection::vec, option, prelude::*, sample::select};
 
@@ -520,6 +520,79 @@ pub fn changelog_record() -> BoxedStrategy<ChangelogRecord> {
         .boxed()
 }
 
+pub fn receipt() -> BoxedStrategy<Receipt> {
+    (
+        (
+            any::<i32>(),
+            any::<i64>(),
+            text(),
+            select(ReceiptKind::ALL),
+            text(),
+            text(),
+            opt_text(),
+            opt_text(),
+        ),
+        (
+            opt_text(),
+            opt_text(),
+            opt_text(),
+            select(Verdict::ALL),
+            select(Reason::ALL),
+            option::of(select(EffectState::ALL)),
+            option::of(any::<i64>()),
+            opt_text(),
+        ),
+        (
+            opt_text(),
+            opt_text(),
+            any::<i64>(),
+            text(),
+            text(),
+            bytes(),
+        ),
+    )
+        .prop_map(
+            |(
+                (
+                    partition,
+                    sequence,
+                    previous_hash,
+                    kind,
+                    operation_key,
+                    cause_id,
+                    proposal_id,
+                    run_id,
+                ),
+                (tenant_id, principal_id, tool, verdict, reason, state, epoch, arguments_hash),
+                (policy_bundle_hash, detail, issued_at, key_id, hash, signature),
+            )| Receipt {
+                partition,
+                sequence,
+                previous_hash,
+                kind,
+                operation_key,
+                cause_id,
+                proposal_id,
+                run_id,
+                tenant_id,
+                principal_id,
+                tool,
+                verdict,
+                reason,
+                state,
+                epoch,
+                arguments_hash,
+                policy_bundle_hash,
+                detail,
+                issued_at,
+                key_id,
+                hash,
+                signature,
+            },
+        )
+        .boxed()
+}
+
 pub fn any_record() -> BoxedStrategy<AnyRecord> {
     prop_oneof![
         tool_proposal().prop_map(AnyRecord::from),
@@ -531,6 +604,7 @@ pub fn any_record() -> BoxedStrategy<AnyRecord> {
         decision().prop_map(AnyRecord::from),
         journal_event().prop_map(AnyRecord::from),
         changelog_record().prop_map(AnyRecord::from),
+        receipt().prop_map(AnyRecord::from),
     ]
     .boxed()
 }
@@ -596,6 +670,7 @@ pub fn samples() -> Vec<AnyRecord> {
         reconcile_command().prop_map(AnyRecord::from).boxed(),
         decision().prop_map(AnyRecord::from).boxed(),
         journal_event().prop_map(AnyRecord::from).boxed(),
+        receipt().prop_map(AnyRecord::from).boxed(),
     ] {
         out.push(
             strategy

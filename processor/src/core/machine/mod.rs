@@ -79,6 +79,10 @@ pub struct Core {
     /// configured. Kept here because the core is what every task of an instance shares; the
     /// decisions never read it (signing is deterministic, so replays stay byte-identical).
     capability_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
+    /// The key the task signs receipts with (see `crate::receipt`), when one is configured; a
+    /// key of its own, so that whoever can verify or forge one kind of signature cannot touch
+    /// the other. Like the capability key, never read by a decision.
+    receipt_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
 }
 
 /// A reply owed to whoever sent an input: verdict, reason, human-readable detail.
@@ -115,6 +119,7 @@ impl Core {
             policy,
             config,
             capability_key: None,
+            receipt_key: None,
         }
     }
 
@@ -127,6 +132,17 @@ impl Core {
     /// The key dispatch commands are signed with; `None` leaves them unsigned.
     pub fn capability_key(&self) -> Option<&ed25519_dalek::SigningKey> {
         self.capability_key.as_deref()
+    }
+
+    /// This core with the key the task signs receipts with (see `crate::receipt`).
+    pub fn with_receipt_key(mut self, key: ed25519_dalek::SigningKey) -> Self {
+        self.receipt_key = Some(std::sync::Arc::new(key));
+        self
+    }
+
+    /// The key receipts are signed with; `None` issues no receipts.
+    pub fn receipt_key(&self) -> Option<&ed25519_dalek::SigningKey> {
+        self.receipt_key.as_deref()
     }
 
     pub fn registry(&self) -> &Registry {
