@@ -43,10 +43,6 @@ async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> any
     tokio::time::sleep(Duration::from_secs(3)).await;
     processor.stop()?;
 
-    let (ok, stdout, stderr) = a.cli(&["replay"])?;
-    assert!(ok, "the untouched journal must verify:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("0 findings"), "{stdout}");
-
     let journal: Vec<Read> = a
         .read_topic(&a.names.journal())?
         .into_iter()
@@ -57,6 +53,14 @@ async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> any
         .iter()
         .map(|r| codec.decode_as(r.value.as_deref().unwrap()))
         .collect::<Result<_, _>>()?;
+    let (ok, stdout, stderr) = a.cli(&["replay"])?;
+    assert!(ok, "the untouched journal must verify:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("total: {} events", events.len()))
+            && stdout.contains("0 findings"),
+        "{} journal events:\n{stdout}",
+        events.len()
+    );
     let last_checkpoint = events
         .iter()
         .rposition(|e| e.kind == JournalKind::Checkpoint)
@@ -156,7 +160,12 @@ fn replay_copy(a: &Airlock, what: &str, records: &[Read]) -> anyhow::Result<(boo
             .enable_all()
             .build()?
             .block_on(topics::create(&create, &plan, Duration::from_secs(30)))?;
-        Producer::new(&client, 0)?.send_phased(&out)?;
+        // One record per produce request, as the processor's batches were written: tansu 0.6
+        // serves a fetch from inside a multi-record batch badly.
+        let producer = Producer::new(&client, 0)?;
+        for r in &out {
+            producer.send_phased(std::slice::from_ref(r))?;
+        }
         Ok(())
     })
     .join()

@@ -15,11 +15,11 @@ use std::time::Duration;
 use airlock_schemas::{Codec, JournalEvent};
 use anyhow::Context;
 
-use super::replay::{Progress, partitions, reader};
+use super::replay::{Progress, ends, partitions, reader};
 use crate::runtime::config::Config;
 use crate::runtime::logging::utc_from_millis;
 use crate::runtime::partitioner::partition_for;
-use crate::runtime::scan::{Scanned, Scanner};
+use crate::runtime::scan::{Bounds, Scanned, Scanner};
 use crate::runtime::topics::Names;
 use crate::runtime::wire::Admit;
 
@@ -38,6 +38,10 @@ pub struct Args {
     /// Print the events as one JSON array.
     #[arg(long)]
     pub json: bool,
+    /// Write nothing: end at the high watermark instead of at a barrier record written now
+    /// (tansu 0.6 reports watermarks that can miss the last records).
+    #[arg(long)]
+    pub read_only: bool,
     /// How long to wait for the broker before giving up on a partition.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout_seconds: u64,
@@ -84,10 +88,12 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     };
     let journal = names.journal();
     let codec = Codec::new();
-    let mut bounds = Vec::new();
-    for &p in &selected {
-        bounds.push((p, scanner.bounds(&journal, p, None)?));
-    }
+    let wanted: Vec<(String, i32)> = selected.iter().map(|&p| (journal.clone(), p)).collect();
+    let bounds: Vec<(i32, Bounds)> = selected
+        .iter()
+        .copied()
+        .zip(ends(&scanner, &config, args.read_only, &wanted, None)?)
+        .collect();
     let mut progress = Progress::new("audit", bounds.iter().map(|(_, b)| b.high - b.low).sum());
     let mut found: Vec<(i32, i64, JournalEvent)> = Vec::new();
     for (p, b) in bounds {

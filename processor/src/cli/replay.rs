@@ -57,6 +57,10 @@ pub struct Args {
     /// Print the report as one JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Write nothing: end at each partition's high watermark instead of at a barrier record
+    /// written now (tansu 0.6 reports watermarks that can miss the last records).
+    #[arg(long)]
+    pub read_only: bool,
     /// How long to wait for the broker before giving up on a partition.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout_seconds: u64,
@@ -86,19 +90,32 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
 
     // The dispatch topics' ends first: a dispatch read later has its intent in the journal
     // read after it (both are produced before the batch's changelog).
+    // (Cut at the end seen now: a dispatch written after the journal was read would have no
+    // intent in what was read.)
     let mut dispatch_bounds = Vec::new();
     if check_dispatches {
-        for &p in &partitions {
-            for topic in &dispatch_topics {
-                dispatch_bounds.push((p, topic.clone(), scanner.bounds(topic, p, None)?));
-            }
+        let wanted: Vec<(String, i32)> = partitions
+            .iter()
+            .flat_map(|&p| dispatch_topics.iter().map(move |t| (t.clone(), p)))
+            .collect();
+        let ends = ends(&scanner, &config, args.read_only, &wanted, None)?;
+        for ((topic, p), b) in wanted.into_iter().zip(ends) {
+            dispatch_bounds.push((p, topic, Bounds { open: false, ..b }));
         }
     }
     let journal = names.journal();
-    let mut journal_bounds = Vec::new();
-    for &p in &partitions {
-        journal_bounds.push((p, scanner.bounds(&journal, p, args.until_offset)?));
-    }
+    let wanted: Vec<(String, i32)> = partitions.iter().map(|&p| (journal.clone(), p)).collect();
+    let journal_bounds: Vec<(i32, Bounds)> = partitions
+        .iter()
+        .copied()
+        .zip(ends(
+            &scanner,
+            &config,
+            args.read_only,
+            &wanted,
+            args.until_offset,
+        )?)
+        .collect();
     let total: i64 = journal_bounds.iter().map(|(_, b)| b.high - b.low).sum();
     let mut progress = Progress::new("replay", total);
     let codec = Codec::new();
@@ -301,10 +318,18 @@ fn what_if(
     let (registry, policy) = super::check::load(&t.registry, &policies, &entities)?;
     let candidate = Core::new(registry, policy, core::Config::default());
     let topic = names.proposals();
-    let mut bounds = Vec::new();
-    for &p in partitions {
-        bounds.push((p, scanner.bounds(&topic, p, args.until_offset)?));
-    }
+    let wanted: Vec<(String, i32)> = partitions.iter().map(|&p| (topic.clone(), p)).collect();
+    let bounds: Vec<(i32, Bounds)> = partitions
+        .iter()
+        .copied()
+        .zip(ends(
+            scanner,
+            config,
+            args.read_only,
+            &wanted,
+            args.until_offset,
+        )?)
+        .collect();
     let total: i64 = bounds.iter().map(|(_, b)| b.high - b.low).sum();
     let mut progress = Progress::new("what-if", total);
     let codec = Codec::new();
@@ -391,6 +416,26 @@ fn what_if(
         }
     }
     Ok(())
+}
+
+/// Where the scans of `wanted` end: at a barrier written now, or read-only at the high
+/// watermarks (see [`crate::runtime::scan`]).
+pub(super) fn ends(
+    scanner: &Scanner<'_>,
+    config: &Config,
+    read_only: bool,
+    wanted: &[(String, i32)],
+    until: Option<i64>,
+) -> anyhow::Result<Vec<Bounds>> {
+    if read_only {
+        return wanted
+            .iter()
+            .map(|(t, p)| Ok(scanner.bounds(t, *p, until)?))
+            .collect();
+    }
+    scanner
+        .barrier_ends(&config.client_config(), wanted, until)
+        .context("writing barrier records to learn where the partitions end (--read-only to write nothing)")
 }
 
 /// The partitions asked for, checked against the topic's count.

@@ -2,10 +2,13 @@
 //! record classified by the owner-epoch fence (DESIGN.md section 5, fence 1) before the caller
 //! sees it, barriers skipped, every wait bounded.
 //!
-//! Used by `airlock replay`, `airlock audit` and the what-if evaluation. A scan only reads: it
-//! never writes a barrier, so it works with read-only credentials. Its end is the partition's
-//! high watermark when the scan starts (tansu 0.6 can report one that stops inside the last
-//! batch: the scan then ends a few records early, never reads past what was there).
+//! Used by `airlock replay`, `airlock audit` and the what-if evaluation. Where a scan ends:
+//! - by default, at a barrier record written now ([`Scanner::barrier_ends`]): its
+//!   acknowledged offset is the true end of the partition. tansu 0.6 reports a high watermark
+//!   that stops inside the last produced batch, so without a barrier the last records of a
+//!   quiet topic would be missed. Barriers carry owner epoch 0 and every consumer skips them.
+//! - read-only (no write permission): at the high watermark when the scan starts, and then on
+//!   as long as the broker delivers records (an open end), stopping at the first quiet poll.
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +58,8 @@ pub struct Scanned<'a> {
 pub struct Bounds {
     pub low: i64,
     pub high: i64,
+    /// No `until` cut: records past `high` that the broker delivers are read too.
+    pub open: bool,
 }
 
 /// A read-only reader of output partitions.
@@ -86,7 +91,39 @@ impl Scanner<'_> {
         Ok(Bounds {
             low,
             high: until.map_or(high, |u| u.min(high)),
+            open: until.is_none_or(|u| u >= high),
         })
+    }
+
+    /// The true end of each `(topic, partition)`: the offset of a barrier record written there
+    /// now (see the module documentation), each cut at `until`.
+    pub fn barrier_ends(
+        &self,
+        client: &rdkafka::ClientConfig,
+        partitions: &[(String, i32)],
+        until: Option<i64>,
+    ) -> std::result::Result<Vec<Bounds>, super::produce::Error> {
+        let barriers: Vec<wire::OutRecord> = partitions
+            .iter()
+            .map(|(t, p)| wire::OutRecord::barrier(t, *p))
+            .collect();
+        let acked = super::produce::Producer::new(client, 0)?.send_phased(&barriers)?;
+        let mut out = Vec::with_capacity(partitions.len());
+        for (t, p) in partitions {
+            let end = acked
+                .offset_of(t, *p)
+                .expect("every barrier was acknowledged");
+            let low = self
+                .consumer
+                .fetch_watermarks(t, *p, self.stall_timeout)
+                .map_or(0, |(low, _)| low);
+            out.push(Bounds {
+                low,
+                high: until.map_or(end, |u| u.min(end)),
+                open: false,
+            });
+        }
+        Ok(out)
     }
 
     /// Reads `bounds` of `topic`'s `partition` in offset order, classifying each record with a
@@ -98,7 +135,7 @@ impl Scanner<'_> {
         bounds: Bounds,
         mut visit: impl FnMut(Scanned<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        if bounds.low >= bounds.high {
+        if bounds.low >= bounds.high && !bounds.open {
             return Ok(());
         }
         let kafka = |source| Error::Kafka {
@@ -114,8 +151,15 @@ impl Scanner<'_> {
         let mut at = bounds.low;
         let mut progress = Instant::now();
         let result = (|| {
-            while at < bounds.high {
+            loop {
+                let past_end = at >= bounds.high;
+                if past_end && !bounds.open {
+                    break;
+                }
                 let Some(message) = self.consumer.poll(Duration::from_millis(200)) else {
+                    if past_end {
+                        break; // nothing more after the reported end
+                    }
                     if progress.elapsed() > self.stall_timeout {
                         return Err(E::from(Error::Stalled {
                             topic: topic.to_owned(),
@@ -131,7 +175,7 @@ impl Scanner<'_> {
                 progress = Instant::now();
                 let offset = message.offset();
                 at = offset + 1;
-                if offset >= bounds.high {
+                if offset >= bounds.high && !bounds.open {
                     break;
                 }
                 let headers = message.headers();
