@@ -19,7 +19,9 @@ source "$here/env.sh"
 "$here/install-deps.sh"
 image="$("$root/deploy/broker/build-image.sh")"
 echo "demo: building airlock, airlock-connector and airlock-ledger"
-cargo build --locked -p airlock-processor --bin airlock -p airlock-connectors --bins
+# The whole workspace with every target, as test.sh builds it: another package or target
+# selection unifies dependency features differently and compiles RocksDB's C++ a second time.
+cargo build --locked --workspace --all-targets
 
 port="${AIRLOCK_DEMO_PORT:-19092}"
 name="airlock-demo-broker-$$"
