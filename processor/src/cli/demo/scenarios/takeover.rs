@@ -56,7 +56,10 @@ pub fn stale_worker(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
     ))?;
     let log = cx.stack.start_worker(replacement, &group)?.proc.log.clone();
     cx.until_reconciled(&key, r)?;
-    let refused = count_lines(&log, &format!("{key}#1: epoch 1 already started here"));
+    // Expired by now (its attempt deadline passed while the worker was frozen) or not, an
+    // authentic command of a started epoch is refused; the worker logs which.
+    let refused = count_lines(&log, &format!("{key}#1: epoch 1 already started here"))
+        + count_lines(&log, &format!("{key}#1: redelivered after it started"));
     if refused == 0 {
         r.problem(format!(
             "{replacement} did not refuse the redelivered command of epoch 1 (see {})",
