@@ -6,7 +6,7 @@
 //! - [`check`]: `airlock check` loads a tool registry and a policy bundle and reports them.
 //! - [`topics`]: `airlock topics create` creates the co-partitioned topics.
 //! - [`run`]: `airlock run`, one processor instance.
-//! - [`fleet`]: `airlock fleet`, a demo agent fleet against a running processor.
+//! - [`demo`]: `airlock demo`, the whole loop through the seed failures, with a report.
 //! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
 //! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
 //! - [`replay`]: `airlock replay`, the journal rebuilt and verified; `--policy` for what-if.
@@ -15,7 +15,7 @@
 
 pub mod audit;
 pub mod check;
-pub mod fleet;
+pub mod demo;
 pub mod hash;
 pub mod keygen;
 pub mod receipts;
@@ -45,8 +45,10 @@ pub enum Command {
     Topics(topics::Args),
     /// Run a processor instance (consumer group member) until SIGTERM/SIGINT.
     Run(run::Args),
-    /// Publish the seed scenarios as a demo agent fleet and report their decisions.
-    Fleet(fleet::Args),
+    /// Start the processor, the reference ledger and a connector worker against a broker, drive
+    /// a demo agent fleet through the seed failures, report each scenario (non-zero exit when
+    /// one ends otherwise than it should).
+    Demo(demo::Args),
     /// Write a new Ed25519 key pair for dispatch-command capabilities: `<out>.key` for the
     /// processor (capability.signing_key_file), `<out>.pub` for connector workers.
     Keygen(keygen::Args),
@@ -70,7 +72,7 @@ impl Cli {
             Command::Check(args) => check::run(&args, &mut std::io::stdout().lock()),
             Command::Topics(args) => topics::run(&args, &mut std::io::stdout().lock()),
             Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
-            Command::Fleet(args) => fleet::run(&args, &mut std::io::stdout().lock()),
+            Command::Demo(args) => demo::run(&args, &mut std::io::stdout().lock()),
             Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
             Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
             Command::Replay(args) => replay::run(&args, &mut std::io::stdout().lock()),

@@ -49,6 +49,11 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let Action::Create(common) = &args.action;
     let config = Config::load(common.config.as_deref()).context("loading the configuration")?;
+    create(&config, common.timeout, out)
+}
+
+/// Creates the topics `config` and its tool registry need (the missing ones), reporting each.
+pub fn create(config: &Config, timeout: Duration, out: &mut impl Write) -> anyhow::Result<()> {
     let registry = Registry::load(&config.tools.registry).with_context(|| {
         format!(
             "loading the tool registry {} (it names the connectors' dispatch topics)",
@@ -62,7 +67,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let report = runtime
-        .block_on(topics::create(&config, &specs, common.timeout))
+        .block_on(topics::create(config, &specs, timeout))
         .with_context(|| format!("creating topics on {}", config.kafka.brokers))?;
     for name in &report.created {
         writeln!(

@@ -1,0 +1,210 @@
+//! The processes the demo runs against the broker: the processor (`airlock run`, this very
+//! binary), the reference ledger and the ledger's connector workers, all child processes with
+//! their logs in the work directory, stopped (workers first, then the ledger, then the
+//! processor) when the stack is dropped.
+//!
+//! Children get the demo's environment, so `AIRLOCK_*` overrides reach them as they reach the
+//! demo, plus what ties them together: the processor's state directory in the work directory;
+//! the workers' brokers, topic prefix and partition count taken from the processor's
+//! configuration, the ledger's address as their base URL, and a worker id and group of their
+//! own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use super::ledger::Ledger;
+use super::process::{Proc, STOP_GRACE};
+use crate::runtime::config::Config;
+
+/// The binaries the demo starts.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub airlock: PathBuf,
+    pub ledger: PathBuf,
+    pub connector: PathBuf,
+}
+
+/// A connector worker, known to the scenarios by its id.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: String,
+    pub proc: Proc,
+}
+
+#[derive(Debug)]
+pub struct Stack {
+    pub bins: Binaries,
+    /// Logs, the processor's state, the ledger's database.
+    pub work: PathBuf,
+    config: Config,
+    config_file: Option<PathBuf>,
+    /// The connector the registry names for the demo's tools.
+    connector: String,
+    connector_config: PathBuf,
+    /// The log level children run at: at least `info`, the demo reads some of their lines.
+    log_level: String,
+    pub workers: Vec<Worker>,
+    pub ledger: Option<Ledger>,
+    pub processor: Option<Proc>,
+}
+
+impl Stack {
+    pub fn new(
+        bins: Binaries,
+        work: &Path,
+        config: &Config,
+        config_file: Option<&Path>,
+        connector: &str,
+        connector_config: &Path,
+    ) -> Stack {
+        let log_level = match std::env::var("AIRLOCK_LOG").as_deref() {
+            Ok(level @ ("debug" | "trace")) => level.to_owned(),
+            _ => "info".to_owned(),
+        };
+        Stack {
+            bins,
+            work: work.to_owned(),
+            config: config.clone(),
+            config_file: config_file.map(Path::to_owned),
+            connector: connector.to_owned(),
+            connector_config: connector_config.to_owned(),
+            log_level,
+            workers: Vec::new(),
+            ledger: None,
+            processor: None,
+        }
+    }
+
+    /// `airlock run` with the demo's configuration and a state directory of its own.
+    pub fn start_processor(&mut self) -> anyhow::Result<&Proc> {
+        let mut command = Command::new(&self.bins.airlock);
+        command.arg("run");
+        if let Some(file) = &self.config_file {
+            command.arg("--config").arg(file);
+        }
+        command
+            .env("AIRLOCK_STATE_DIR", self.work.join("processor-state"))
+            .env("AIRLOCK_LOG", &self.log_level);
+        if std::env::var_os("AIRLOCK_INSTANCE").is_none() {
+            command.env("AIRLOCK_INSTANCE", "demo-processor");
+        }
+        let proc = Proc::spawn("the processor", command, &self.work.join("processor.log"))?;
+        Ok(self.processor.insert(proc))
+    }
+
+    pub fn start_ledger(&mut self) -> anyhow::Result<&Ledger> {
+        let ledger = Ledger::start(&self.bins.ledger, &self.work)?;
+        Ok(self.ledger.insert(ledger))
+    }
+
+    pub fn ledger(&self) -> anyhow::Result<&Ledger> {
+        self.ledger.as_ref().context("the ledger is not running")
+    }
+
+    pub fn ledger_mut(&mut self) -> anyhow::Result<&mut Ledger> {
+        self.ledger.as_mut().context("the ledger is not running")
+    }
+
+    /// The connector worker's default consumer group (as `airlock-connector` derives it).
+    pub fn default_group(&self) -> String {
+        format!("{}connector.{}", self.config.topics.prefix, self.connector)
+    }
+
+    /// Starts connector worker `id` in consumer group `group` against the ledger.
+    pub fn start_worker(&mut self, id: &str, group: &str) -> anyhow::Result<&Worker> {
+        let ledger = self.ledger()?.url();
+        let properties: Vec<String> = self
+            .config
+            .kafka
+            .properties
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mut command = Command::new(&self.bins.connector);
+        command
+            .arg("--config")
+            .arg(&self.connector_config)
+            .env("AIRLOCK_KAFKA_BROKERS", &self.config.kafka.brokers)
+            .env("AIRLOCK_TOPICS_PREFIX", &self.config.topics.prefix)
+            .env(
+                "AIRLOCK_TOPICS_PARTITIONS",
+                self.config.topics.partitions.to_string(),
+            )
+            .env("AIRLOCK_CONNECTOR_NAME", &self.connector)
+            .env("AIRLOCK_CONNECTOR_BASE_URL", ledger)
+            .env("AIRLOCK_CONNECTOR_WORKER_ID", id)
+            .env("AIRLOCK_CONNECTOR_GROUP_ID", group)
+            .env("AIRLOCK_LOG", &self.log_level);
+        if !properties.is_empty() {
+            command.env("AIRLOCK_KAFKA_PROPERTIES", properties.join(","));
+        }
+        if std::env::var_os("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS").is_none() {
+            command.env("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", "6000");
+        }
+        let proc = Proc::spawn(
+            &format!("worker {id}"),
+            command,
+            &self.work.join(format!("{id}.log")),
+        )?;
+        self.workers.push(Worker {
+            id: id.to_owned(),
+            proc,
+        });
+        Ok(self.workers.last().expect("just pushed"))
+    }
+
+    pub fn worker_mut(&mut self, id: &str) -> anyhow::Result<&mut Worker> {
+        self.workers
+            .iter_mut()
+            .find(|w| w.id == id)
+            .with_context(|| format!("no worker {id}"))
+    }
+
+    /// Stops worker `id` (SIGTERM: it finishes the command at hand and leaves its group).
+    pub fn stop_worker(&mut self, id: &str) -> anyhow::Result<bool> {
+        let i = self
+            .workers
+            .iter()
+            .position(|w| w.id == id)
+            .with_context(|| format!("no worker {id}"))?;
+        let mut worker = self.workers.remove(i);
+        let (_, by_itself) = worker.proc.stop(STOP_GRACE)?;
+        Ok(by_itself)
+    }
+
+    /// Every log, for the report's "where to look".
+    pub fn logs(&self) -> Vec<PathBuf> {
+        let mut logs = Vec::new();
+        logs.extend(self.processor.as_ref().map(|p| p.log.clone()));
+        logs.extend(self.ledger.as_ref().map(|l| l.log().to_owned()));
+        logs.extend(self.workers.iter().map(|w| w.proc.log.clone()));
+        logs
+    }
+
+    /// The children that exited by themselves (crashed), with their status.
+    pub fn casualties(&mut self) -> Vec<String> {
+        let mut dead = Vec::new();
+        for w in &mut self.workers {
+            if let Ok(Some(status)) = w.proc.exited() {
+                dead.push(format!("worker {} exited ({status})", w.id));
+            }
+        }
+        if let Some(p) = &mut self.processor
+            && let Ok(Some(status)) = p.exited()
+        {
+            dead.push(format!("the processor exited ({status})"));
+        }
+        dead
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // Workers first (they report to the processor), the processor last (it flushes).
+        self.workers.clear();
+        self.ledger = None;
+        self.processor = None;
+    }
+}
