@@ -9,13 +9,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use airlock_schemas::{Codec, JournalEvent};
 use anyhow::Context;
 
-use super::replay::{Progress, ends, partitions, reader};
+use super::replay::{Progress, ReadArgs, ends, partitions, reader};
 use crate::runtime::config::Config;
 use crate::runtime::logging::utc_from_millis;
 use crate::runtime::partitioner::partition_for;
@@ -26,25 +25,14 @@ use crate::runtime::wire::Admit;
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("subject").required(true).args(["key", "run"])))]
 pub struct Args {
-    /// The processor's configuration file (brokers, topic prefix, partitions).
-    #[arg(long, short, env = "AIRLOCK_CONFIG")]
-    pub config: Option<PathBuf>,
     /// The operation key whose history to show.
     #[arg(long)]
     pub key: Option<String>,
     /// The agent run whose history to show (every key it proposed, every fence it advanced).
     #[arg(long)]
     pub run: Option<String>,
-    /// Print the events as one JSON array.
-    #[arg(long)]
-    pub json: bool,
-    /// Write nothing: end at the high watermark instead of at a barrier record written now
-    /// (tansu 0.6 reports watermarks that can miss the last records).
-    #[arg(long)]
-    pub read_only: bool,
-    /// How long to wait for the broker before giving up on a partition.
-    #[arg(long, default_value_t = 30)]
-    pub stall_timeout_seconds: u64,
+    #[command(flatten)]
+    pub read: ReadArgs,
 }
 
 /// One partition's matching events by sequence, as the authoritative journal has them.
@@ -74,7 +62,7 @@ impl History {
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
     let names = Names::new(&config.topics.prefix);
     let count = config.topics.partitions;
     let selected = match &args.key {
@@ -84,7 +72,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let consumer = reader(&config, "audit")?;
     let scanner = Scanner {
         consumer: &consumer,
-        stall_timeout: Duration::from_secs(args.stall_timeout_seconds),
+        stall_timeout: Duration::from_secs(args.read.stall_timeout_seconds),
     };
     let journal = names.journal();
     let codec = Codec::new();
@@ -92,7 +80,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let bounds: Vec<(i32, Bounds)> = selected
         .iter()
         .copied()
-        .zip(ends(&scanner, &config, args.read_only, &wanted, None)?)
+        .zip(ends(&scanner, &config, args.read.read_only, &wanted, None)?)
         .collect();
     let mut progress = Progress::new("audit", bounds.iter().map(|(_, b)| b.high - b.low).sum());
     let mut found: Vec<(i32, i64, JournalEvent)> = Vec::new();
@@ -124,7 +112,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         (_, Some(r)) => format!("run {r}"),
         _ => unreachable!("clap requires --key or --run"),
     };
-    if args.json {
+    if args.read.json {
         let events: Vec<_> = found
             .iter()
             .map(|(_, offset, e)| {

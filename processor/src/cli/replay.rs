@@ -30,9 +30,6 @@ use crate::runtime::wire::{self, Admit};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The processor's configuration file (brokers, topic prefix, partitions, tools, policy).
-    #[arg(long, short, env = "AIRLOCK_CONFIG")]
-    pub config: Option<PathBuf>,
     /// Partitions to replay, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     pub partitions: Vec<i32>,
@@ -54,7 +51,17 @@ pub struct Args {
     /// The candidate's entities when `--policy` names a file (default: the configured ones).
     #[arg(long, requires = "policy")]
     pub entities: Option<PathBuf>,
-    /// Print the report as one JSON document.
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// How `airlock replay` and `airlock audit` reach and read the topics.
+#[derive(Debug, clap::Args)]
+pub struct ReadArgs {
+    /// The processor's configuration file (brokers, topic prefix, partitions, tools, policy).
+    #[arg(long, short, env = "AIRLOCK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
     /// Write nothing: end at each partition's high watermark instead of at a barrier record
@@ -67,13 +74,13 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
     let names = Names::new(&config.topics.prefix);
     let partitions = partitions(&args.partitions, config.topics.partitions)?;
     let consumer = reader(&config, "replay")?;
     let scanner = Scanner {
         consumer: &consumer,
-        stall_timeout: Duration::from_secs(args.stall_timeout_seconds),
+        stall_timeout: Duration::from_secs(args.read.stall_timeout_seconds),
     };
     if let Some(candidate) = &args.policy {
         return what_if(args, &config, &names, &partitions, &scanner, candidate, out);
@@ -98,7 +105,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
             .iter()
             .flat_map(|&p| dispatch_topics.iter().map(move |t| (t.clone(), p)))
             .collect();
-        let ends = ends(&scanner, &config, args.read_only, &wanted, None)?;
+        let ends = ends(&scanner, &config, args.read.read_only, &wanted, None)?;
         for ((topic, p), b) in wanted.into_iter().zip(ends) {
             dispatch_bounds.push((p, topic, Bounds { open: false, ..b }));
         }
@@ -111,7 +118,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         .zip(ends(
             &scanner,
             &config,
-            args.read_only,
+            args.read.read_only,
             &wanted,
             args.until_offset,
         )?)
@@ -155,7 +162,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     }
     progress.finish();
     let findings: u64 = outcomes.iter().map(|o| o.counts.findings).sum();
-    if args.json {
+    if args.read.json {
         writeln!(
             out,
             "{}",
@@ -325,7 +332,7 @@ fn what_if(
         .zip(ends(
             scanner,
             config,
-            args.read_only,
+            args.read.read_only,
             &wanted,
             args.until_offset,
         )?)
@@ -351,7 +358,7 @@ fn what_if(
     }
     progress.finish();
     let bundle = |c: &Core| c.policy().bundle_hash().to_owned();
-    if args.json {
+    if args.read.json {
         let changes: Vec<_> = whatif
             .changes
             .iter()
