@@ -9,6 +9,7 @@
 //! - [`receipt`]: signed, hash-chained receipts of final outcomes and refusals, and their
 //!   verifier.
 //! - [`task`]: one partition's decision loop (decide, stamp, stage, fire timers, commit).
+//! - [`telemetry`]: Prometheus metrics and the telemetry HTTP endpoint of every Airlock process.
 //! - [`sample`]: the reference configuration and realistic inputs (tests, simulation, bench, demo).
 //! - [`cli`]: subcommands of the `airlock` binary.
 
@@ -21,3 +22,4 @@ pub mod runtime;
 pub mod sample;
 pub mod store;
 pub mod task;
+pub mod telemetry;

@@ -14,8 +14,10 @@ use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::run::{self, Summary};
+use airlock_processor::runtime::telemetry::Telemetry;
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, OutRecord, header};
+use airlock_processor::telemetry::server::Server;
 use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -118,19 +120,29 @@ impl Airlock {
         self.state_root.path().join(instance)
     }
 
-    /// An in-process processor instance (fast tests; stopped gracefully).
+    /// An in-process processor instance (fast tests; stopped gracefully), its telemetry
+    /// endpoint on a free local port ([`InProcess::telemetry_url`]).
     pub fn spawn(&self, instance: &str) -> anyhow::Result<InProcess> {
         airlock_processor::runtime::logging::init("");
         let config = self.instance_config(instance);
         let core = Arc::new(load_core(&config)?);
         let shutdown = Arc::new(AtomicBool::new(false));
         let flag = shutdown.clone();
+        let telemetry = Arc::new(Telemetry::new(Duration::from_millis(
+            config.telemetry.stall_after_ms,
+        )));
+        let endpoint = Server::start("127.0.0.1:0", telemetry.registry.clone(), telemetry.clone())?;
+        let recorder = telemetry.clone();
         let handle = std::thread::Builder::new()
             .name(format!("airlock-{instance}"))
-            .spawn(move || run::run(&config, core, flag).map_err(anyhow::Error::from))?;
+            .spawn(move || {
+                run::run_with(&config, core, flag, recorder).map_err(anyhow::Error::from)
+            })?;
         Ok(InProcess {
             handle: Some(handle),
             shutdown,
+            telemetry,
+            endpoint,
         })
     }
 
@@ -505,6 +517,9 @@ impl Read {
 pub struct InProcess {
     handle: Option<JoinHandle<anyhow::Result<Summary>>>,
     shutdown: Arc<AtomicBool>,
+    /// What the instance records (the same values its endpoint serves).
+    pub telemetry: Arc<Telemetry>,
+    endpoint: Server,
 }
 
 impl InProcess {
@@ -523,6 +538,11 @@ impl InProcess {
         handle
             .join()
             .map_err(|_| anyhow::anyhow!("processor thread panicked"))?
+    }
+
+    /// `http://127.0.0.1:<port>` of its `/metrics`, `/healthz` and `/readyz`.
+    pub fn telemetry_url(&self) -> String {
+        format!("http://{}", self.endpoint.addr())
     }
 
     pub fn is_running(&self) -> bool {

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use airlock_connectors::worker::{self, Config};
 use airlock_processor::runtime::{logging, signals};
+use airlock_processor::telemetry::trace;
 use anyhow::Context;
 use clap::Parser;
 
@@ -37,6 +38,11 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.config).context("loading the configuration")?;
     logging::init(&config.worker_id());
+    let _export = trace::init(
+        &format!("airlock-connector-{}", config.connector.name),
+        &config.telemetry.otlp_endpoint,
+    )
+    .context("starting the trace exporter")?;
     let shutdown = Arc::new(AtomicBool::new(false));
     signals::watch(
         shutdown.clone(),

@@ -21,13 +21,16 @@
 //! | `http.base_url` | `AIRLOCK_CONNECTOR_BASE_URL` | `http://127.0.0.1:8088` |
 //! | `http.connect_timeout_ms` | `AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS` | `2000` |
 //! | `http.max_response_bytes` | `AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES` | `65536` |
+//! | `telemetry.listen` | `AIRLOCK_CONNECTOR_TELEMETRY_LISTEN` | empty: no endpoint |
+//! | `telemetry.stall_after_ms` | `AIRLOCK_CONNECTOR_TELEMETRY_STALL_AFTER_MS` | `60000` |
+//! | `telemetry.otlp_endpoint` | `AIRLOCK_CONNECTOR_TELEMETRY_OTLP_ENDPOINT` | empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set, else no export |
 //! | `[[tool]]` | none | required: see `crate::http::spec` |
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use airlock_processor::capability::{self, VerifyingKey};
-use airlock_processor::runtime::config::{self as shared, Kafka, Topics, env_value};
+use airlock_processor::runtime::config::{self as shared, Kafka, Telemetry, Topics, env_value};
 use serde::Deserialize;
 
 use crate::http::spec::{self, ToolSpec};
@@ -59,6 +62,8 @@ pub struct Config {
     pub connector: Connector,
     pub capability: Capability,
     pub http: Http,
+    /// The `/metrics`, `/healthz`, `/readyz` endpoint (`worker::telemetry`).
+    pub telemetry: Telemetry,
     #[serde(rename = "tool")]
     pub tools: Vec<ToolSpec>,
 }
@@ -196,6 +201,16 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES") {
             self.http.max_response_bytes = env_value("AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_TELEMETRY_LISTEN") {
+            self.telemetry.listen = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_TELEMETRY_STALL_AFTER_MS") {
+            self.telemetry.stall_after_ms =
+                env_value("AIRLOCK_CONNECTOR_TELEMETRY_STALL_AFTER_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_TELEMETRY_OTLP_ENDPOINT") {
+            self.telemetry.otlp_endpoint = v;
+        }
         Ok(())
     }
 
@@ -250,6 +265,9 @@ impl Config {
         )?;
         if self.tools.is_empty() {
             return invalid("tool", "at least one [[tool]] must be described");
+        }
+        if self.telemetry.stall_after_ms < 1_000 {
+            return invalid("telemetry.stall_after_ms", "must be at least 1000");
         }
         Ok(())
     }
@@ -341,6 +359,7 @@ mod tests {
             ("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES", "a.pub, b.pub"),
             ("AIRLOCK_CONNECTOR_RESERVE_MS", "750"),
             ("AIRLOCK_TOPICS_PREFIX", "t."),
+            ("AIRLOCK_CONNECTOR_TELEMETRY_LISTEN", "0.0.0.0:9465"),
         ]);
         config
             .apply_env(|n| env.get(n).map(|v| (*v).to_owned()))
@@ -349,6 +368,7 @@ mod tests {
         assert_eq!(config.capability.verifying_key_files.len(), 2);
         assert_eq!(config.connector.reserve_ms, 750);
         assert_eq!(config.group_id(), "t.connector.ledger");
+        assert_eq!(config.telemetry.listen, "0.0.0.0:9465");
     }
 
     #[test]

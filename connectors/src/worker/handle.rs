@@ -12,16 +12,25 @@
 //!
 //! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
 //! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN. Nothing is ever retried.
+//!
+//! Each command is handled in a span whose parent is the trace context of the dispatch record
+//! (`traceparent`, written by the processor's decision): the outcomes and dead letters it
+//! writes carry that span's context, so the processor's settlement joins the same trace, and
+//! the downstream call carries it as its own `traceparent` header.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::capability::Refused;
 use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::telemetry::trace;
 use airlock_schemas::{DispatchCommand, OutcomeKind, ReconcileCommand};
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
 
 use super::check::{Checker, Command};
 use super::report::{self, Attempt, Reporter, Source};
 use super::started::Started;
+use super::telemetry::Telemetry;
 use crate::http::{HttpConnector, Observation};
 
 /// What handling a command may fail with: only the outcome or dead letter could not be
@@ -54,6 +63,8 @@ pub struct Handler {
     pub runtime: tokio::runtime::Runtime,
     pub reserve_ms: i64,
     pub reconcile_timeout: Duration,
+    /// Refusals and call durations.
+    pub telemetry: std::sync::Arc<Telemetry>,
 }
 
 /// A record read from a dispatch partition, with the fence it was read under.
@@ -62,6 +73,8 @@ pub struct Record<'a> {
     pub source: Source<'a>,
     /// The highest owner-epoch fence marker read on this partition so far.
     pub fence: i64,
+    /// The trace context the record's headers carry (empty: the command starts a trace).
+    pub parent: &'a Context,
 }
 
 pub fn wall_ms() -> i64 {
@@ -80,29 +93,69 @@ impl Handler {
         commit: impl FnOnce() -> bool,
     ) -> Result<Handled> {
         let source = record.source;
+        let tracer = trace::tracer();
+        let span = tracer
+            .span_builder(format!("handle {} command", self.reporter.connector))
+            .with_kind(SpanKind::Consumer)
+            .with_attributes([
+                KeyValue::new("messaging.system", "kafka"),
+                KeyValue::new("messaging.destination.name", source.topic.to_owned()),
+                KeyValue::new(
+                    "messaging.destination.partition.id",
+                    source.partition.to_string(),
+                ),
+                KeyValue::new("messaging.kafka.offset", source.offset),
+                KeyValue::new("airlock.connector", self.reporter.connector.clone()),
+                KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
+            ])
+            .start_with_context(&tracer, record.parent);
+        let cx = record.parent.with_span(span);
         let command = match self
             .checker
             .command(source.partition, source.key, source.payload)
         {
             Ok(c) => c,
             Err(refusal) => {
-                self.dead_letter(source, refusal.reason, &refusal.detail)?;
+                self.dead_letter(&cx, source, refusal.reason, &refusal.detail)?;
                 commit();
                 return Ok(Handled::DeadLettered);
             }
         };
-        match command {
-            Command::Dispatch(cmd) => self.dispatch(record, &cmd, started, commit),
+        let handled = match command {
+            Command::Dispatch(cmd) => {
+                let span = cx.span();
+                span.update_name(format!("execute {}", cmd.tool));
+                span.set_attribute(KeyValue::new(
+                    "airlock.operation_key",
+                    cmd.operation_key.clone(),
+                ));
+                span.set_attribute(KeyValue::new("airlock.epoch", cmd.epoch));
+                self.dispatch(&cx, record, &cmd, started, commit)
+            }
             Command::Reconcile(cmd) => {
-                let handled = self.reconcile(source.partition, &cmd)?;
+                let span = cx.span();
+                span.update_name(format!("reconcile {}", cmd.tool));
+                span.set_attribute(KeyValue::new(
+                    "airlock.operation_key",
+                    cmd.operation_key.clone(),
+                ));
+                span.set_attribute(KeyValue::new("airlock.epoch", cmd.epoch));
+                let handled = self.reconcile(&cx, source.partition, &cmd)?;
                 commit();
                 Ok(handled)
             }
+        };
+        if let Ok(Handled::Executed(kind) | Handled::Reconciled(kind)) = &handled {
+            cx.span()
+                .set_attribute(KeyValue::new("airlock.outcome", kind.as_str()));
         }
+        cx.span().end();
+        handled
     }
 
     fn dispatch(
         &self,
+        cx: &Context,
         record: Record<'_>,
         cmd: &DispatchCommand,
         started: &mut Started,
@@ -120,7 +173,7 @@ impl Handler {
                 return Ok(Handled::Duplicate);
             }
             Err(refused) => {
-                self.dead_letter(source, refused.code(), &refused.to_string())?;
+                self.dead_letter(cx, source, refused.code(), &refused.to_string())?;
                 commit();
                 return Ok(Handled::DeadLettered);
             }
@@ -154,9 +207,11 @@ impl Handler {
             owner_epoch: cmd.owner_epoch,
             round: None,
         };
-        let (_, started_record) =
+        let (_, mut started_record) =
             self.reporter
                 .outcome(attempt, OutcomeKind::AttemptStarted, None, None, wall_ms());
+        let context = trace::inject(cx);
+        started_record.headers.extend(context.iter().cloned());
         self.producer.send_phased(&[started_record])?;
         started.record(key, cmd.epoch);
         if !commit() {
@@ -172,7 +227,15 @@ impl Handler {
         let began = Instant::now();
         let observation = match self.http.request(cmd, &arguments) {
             Err(why) => Observation::not_called(why, max_evidence),
-            Ok(request) => {
+            Ok(mut request) => {
+                for (name, value) in &context {
+                    if let (Ok(name), Ok(value)) = (
+                        hyper::header::HeaderName::from_bytes(name.as_bytes()),
+                        hyper::header::HeaderValue::from_bytes(value),
+                    ) {
+                        request.headers.push((name, value));
+                    }
+                }
                 let now = wall_ms();
                 let left = cmd.attempt_deadline_at - now - self.reserve_ms;
                 let cap = if cmd.attempt_timeout_ms > 0 {
@@ -205,6 +268,9 @@ impl Handler {
             }
         };
         let kind = report::kind_of(&observation, false);
+        self.telemetry
+            .call_duration
+            .observe(&["execute", kind.as_str()], began.elapsed().as_secs_f64());
         log::info!(
             "{key}#{}: {} after {} ms{}: {}",
             cmd.epoch,
@@ -217,23 +283,28 @@ impl Handler {
                 .unwrap_or_default(),
             first_line(&observation.evidence)
         );
-        let (_, outcome) = self.reporter.outcome(
+        let (_, mut outcome) = self.reporter.outcome(
             attempt,
             kind,
             Some(observation.evidence),
             observation.provider_reference,
             wall_ms(),
         );
+        outcome.headers.extend(context);
         self.producer.send_phased(&[outcome])?;
         Ok(Handled::Executed(kind))
     }
 
-    fn reconcile(&self, partition: i32, cmd: &ReconcileCommand) -> Result<Handled> {
+    fn reconcile(&self, cx: &Context, partition: i32, cmd: &ReconcileCommand) -> Result<Handled> {
         let key = cmd.operation_key.as_str();
+        let began = Instant::now();
         let observation = self
             .runtime
             .block_on(self.http.reconcile(cmd, self.reconcile_timeout));
         let kind = report::kind_of(&observation, true);
+        self.telemetry
+            .call_duration
+            .observe(&["reconcile", kind.as_str()], began.elapsed().as_secs_f64());
         log::info!(
             "{key}#{} reconcile round {}: {}: {}",
             cmd.epoch,
@@ -248,25 +319,36 @@ impl Handler {
             owner_epoch: cmd.owner_epoch,
             round: Some(cmd.round),
         };
-        let (_, outcome) = self.reporter.outcome(
+        let (_, mut outcome) = self.reporter.outcome(
             attempt,
             kind,
             Some(observation.evidence),
             observation.provider_reference,
             wall_ms(),
         );
+        outcome.headers.extend(trace::inject(cx));
         self.producer.send_phased(&[outcome])?;
         Ok(Handled::Reconciled(kind))
     }
 
-    fn dead_letter(&self, source: Source<'_>, reason: &str, detail: &str) -> Result<()> {
+    fn dead_letter(
+        &self,
+        cx: &Context,
+        source: Source<'_>,
+        reason: &str,
+        detail: &str,
+    ) -> Result<()> {
+        self.telemetry.refused.inc(&[reason]);
+        cx.span()
+            .set_attribute(KeyValue::new("airlock.dead_letter", reason.to_owned()));
         log::warn!(
             "{} partition {} offset {}: refused {reason}: {detail}",
             source.topic,
             source.partition,
             source.offset
         );
-        let record = self.reporter.dead_letter(source, reason, detail);
+        let mut record = self.reporter.dead_letter(source, reason, detail);
+        record.headers.extend(trace::inject(cx));
         self.producer.send_phased(&[record])?;
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! - [`report`]: outcome and dead-letter records with deterministic identities.
 //! - [`handle`]: one command, start to finish.
 //! - [`run`]: the consumer group member, rebalances, the loop, graceful shutdown.
+//! - [`telemetry`]: its metrics, liveness and readiness.
 
 pub mod check;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod handle;
 pub mod report;
 pub mod run;
 pub mod started;
+pub mod telemetry;
 
 pub use config::Config;
-pub use run::{Summary, run};
+pub use run::{Summary, run, run_with};

@@ -8,6 +8,8 @@
 //! committed offset on are handled one at a time (`handle`). On losing a partition its state
 //! is dropped. SIGTERM/SIGINT stop after the record at hand (a call in flight finishes, bounded
 //! by its timeout), then the worker leaves the group.
+//!
+//! Metrics, liveness and readiness (`telemetry`) are served on `telemetry.listen` when set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +19,7 @@ use std::time::Duration;
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, header};
+use airlock_processor::telemetry::server::{self, Server};
 use airlock_schemas::{Codec, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::message::Headers;
@@ -28,6 +31,7 @@ use super::config::{self, Config};
 use super::handle::{Handled, Handler, Record};
 use super::report::{Reporter, Source};
 use super::started::{self, Started};
+use super::telemetry::Telemetry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -41,6 +45,8 @@ pub enum Error {
     Produce(#[from] produce::Error),
     #[error(transparent)]
     Rebuild(#[from] started::Error),
+    #[error(transparent)]
+    Telemetry(#[from] server::Error),
     #[error("starting the HTTP runtime: {0}")]
     Runtime(#[source] std::io::Error),
 }
@@ -98,6 +104,7 @@ struct Ctx {
     dispatch: String,
     outcomes: String,
     connector: String,
+    telemetry: Arc<Telemetry>,
 }
 
 impl ClientContext for Ctx {}
@@ -116,6 +123,7 @@ impl ConsumerContext for Ctx {
                     log::error!("taking partitions: {e}");
                     shared.fatal.get_or_insert(e);
                     shared.owned.clear();
+                    self.owned(&shared);
                     if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
                         log::error!("releasing the assignment: {e}");
                     }
@@ -125,6 +133,7 @@ impl ConsumerContext for Ctx {
                 let revoked: BTreeSet<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 log::info!("partitions {revoked:?} revoked");
                 shared.owned.clear();
+                self.owned(&shared);
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
                 }
@@ -132,6 +141,7 @@ impl ConsumerContext for Ctx {
             other => {
                 log::error!("rebalance error {other:?}: dropping every partition");
                 shared.owned.clear();
+                self.owned(&shared);
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
                 }
@@ -141,6 +151,13 @@ impl ConsumerContext for Ctx {
 }
 
 impl Ctx {
+    /// Tells the telemetry what is owned now (after a revocation: nothing).
+    fn owned(&self, shared: &Shared) {
+        let owned: BTreeSet<i32> = shared.owned.keys().copied().collect();
+        self.telemetry.health.assigned(&owned);
+        self.telemetry.partitions_owned.set(&[], owned.len() as f64);
+    }
+
     fn assign(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -156,16 +173,22 @@ impl Ctx {
             .reader
             .committed_offsets(wanted, Duration::from_secs(30))?;
         shared.owned.clear();
+        self.telemetry.health.assigned(&partitions);
+        self.telemetry.partitions_owned.set(&[], 0.0);
         let mut assignment = TopicPartitionList::new();
         for &p in &partitions {
-            let (started, report) = started::rebuild(
+            self.telemetry.health.claim_started(p);
+            let rebuilt = started::rebuild(
                 &self.reader,
                 &self.producer,
                 &self.outcomes,
                 p,
                 &self.connector,
                 Duration::from_secs(60),
-            )?;
+            );
+            self.telemetry.health.claim_ended(p, rebuilt.is_ok());
+            let (started, report) = rebuilt?;
+            self.telemetry.partitions_owned.add(&[], 1.0);
             let next = committed
                 .find_partition(&self.dispatch, p)
                 .and_then(|e| match e.offset() {
@@ -197,8 +220,43 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Runs one worker until `shutdown` is set or a fatal error.
+/// Runs one worker until `shutdown` is set or a fatal error, with its telemetry endpoint on
+/// `telemetry.listen` when that is set.
 pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
+    let telemetry = Arc::new(Telemetry::new(Duration::from_millis(
+        config.telemetry.stall_after_ms,
+    )));
+    let _endpoint = match config.telemetry.listen.trim() {
+        "" => None,
+        listen => Some(Server::start(
+            listen,
+            telemetry.registry.clone(),
+            telemetry.clone(),
+        )?),
+    };
+    run_with(config, shutdown, telemetry)
+}
+
+/// [`run`], recording into `telemetry` (whose endpoint, if any, the caller serves).
+pub fn run_with(
+    config: &Config,
+    shutdown: Arc<AtomicBool>,
+    telemetry: Arc<Telemetry>,
+) -> Result<Summary> {
+    telemetry.health.beat();
+    let result = run_loop(config, shutdown, &telemetry);
+    match &result {
+        Ok(_) => telemetry.health.stopping(),
+        Err(e) => telemetry.health.failed(e.to_string()),
+    }
+    result
+}
+
+fn run_loop(
+    config: &Config,
+    shutdown: Arc<AtomicBool>,
+    telemetry: &Arc<Telemetry>,
+) -> Result<Summary> {
     let names = Names::new(&config.topics.prefix);
     let dispatch = names.dispatch(&config.connector.name);
     let worker_id = config.worker_id();
@@ -244,6 +302,7 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
         dispatch: dispatch.clone(),
         outcomes: names.outcomes(),
         connector: config.connector.name.clone(),
+        telemetry: telemetry.clone(),
     };
     let c = &config.connector;
     let mut consumer_config = config.client_config();
@@ -286,6 +345,7 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
             .map_err(Error::Runtime)?,
         reserve_ms: c.reserve_ms as i64,
         reconcile_timeout: Duration::from_millis(c.reconcile_timeout_ms),
+        telemetry: telemetry.clone(),
     };
     if config.capability.allow_unsigned {
         log::warn!("allow_unsigned = true: commands without a capability are executed");
@@ -301,6 +361,7 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
     let mut filter = FenceFilter::default();
     let mut summary = Summary::default();
     while !shutdown.load(Ordering::Relaxed) {
+        telemetry.health.beat();
         let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
@@ -323,6 +384,7 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
                     .collect()
             })
             .unwrap_or_default();
+        let parent = airlock_processor::telemetry::trace::extract(headers.iter().copied());
         let barrier = headers
             .iter()
             .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
@@ -359,6 +421,7 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
                             payload: message.payload(),
                         },
                         fence: filter.fence(&dispatch, partition),
+                        parent: &parent,
                     };
                     let commit = || commit_sync(&consumer, &dispatch, partition, offset + 1);
                     Some(handler.handle(record, &mut owned.started, commit)?)
@@ -368,10 +431,12 @@ pub fn run(config: &Config, shutdown: Arc<AtomicBool>) -> Result<Summary> {
         lock(&shared).owned.insert(partition, owned);
         if let Some(handled) = handled {
             summary.count(handled);
+            telemetry.handled(handled);
         }
     }
 
     log::info!("worker {worker_id}: stopping ({summary:?})");
+    telemetry.health.stopping();
     consumer.unsubscribe();
     drop(consumer);
     producer.flush(Duration::from_secs(30))?;

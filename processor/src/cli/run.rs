@@ -11,6 +11,7 @@ use anyhow::Context;
 use crate::capability;
 use crate::core::{self, Core};
 use crate::runtime::{config::Config, logging, run, signals};
+use crate::telemetry::trace;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -23,6 +24,9 @@ pub struct Args {
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
     logging::init(&config.instance());
+    // Flushes the spans still buffered when `run` returns.
+    let _export = trace::init("airlock-processor", &config.telemetry.otlp_endpoint)
+        .context("starting the trace exporter")?;
     let core = Arc::new(load_core(&config)?);
     let shutdown = Arc::new(AtomicBool::new(false));
     signals::watch(

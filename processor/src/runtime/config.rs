@@ -22,6 +22,9 @@
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
 //! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
+//! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
+//! | `telemetry.stall_after_ms` | `AIRLOCK_TELEMETRY_STALL_AFTER_MS` | `60000` |
+//! | `telemetry.otlp_endpoint` | `AIRLOCK_TELEMETRY_OTLP_ENDPOINT` | empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set, else no export |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,6 +68,7 @@ pub struct Config {
     pub processor: Processor,
     pub capability: Capability,
     pub receipts: Receipts,
+    pub telemetry: Telemetry,
 }
 
 /// Signed receipts of final outcomes and refusals (see `crate::receipt`).
@@ -75,6 +79,34 @@ pub struct Receipts {
     /// keygen` writes one), distinct from the capability key: auditors hold its public half.
     /// Empty issues no receipts and leaves `<prefix>receipts` unused.
     pub signing_key_file: PathBuf,
+}
+
+/// The telemetry endpoint (`runtime::telemetry`): Prometheus metrics, health and readiness.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// `host:port` of the HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`; empty
+    /// serves nothing. Off by default so that several instances can share a host; deployments
+    /// set it (9464 is the customary Prometheus exporter port).
+    pub listen: String,
+    /// `/healthz` fails once the batch loop (or a restore it runs) made no progress for this
+    /// long: a wedged process, for the orchestrator to restart.
+    pub stall_after_ms: u64,
+    /// Base URL of an OTLP/HTTP collector (`http://collector:4318`; `/v1/traces` is appended)
+    /// that receives the spans. Empty: the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) if set, else spans are not exported; the trace
+    /// context still flows through the records' headers either way.
+    pub otlp_endpoint: String,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            listen: String::new(),
+            stall_after_ms: 60_000,
+            otlp_endpoint: String::new(),
+        }
+    }
 }
 
 /// Signing of dispatch commands (see `crate::capability`).
@@ -362,6 +394,15 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_RECEIPTS_SIGNING_KEY_FILE") {
             self.receipts.signing_key_file = PathBuf::from(v);
         }
+        if let Some(v) = lookup("AIRLOCK_TELEMETRY_LISTEN") {
+            self.telemetry.listen = v;
+        }
+        if let Some(v) = lookup("AIRLOCK_TELEMETRY_STALL_AFTER_MS") {
+            self.telemetry.stall_after_ms = env_value("AIRLOCK_TELEMETRY_STALL_AFTER_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_TELEMETRY_OTLP_ENDPOINT") {
+            self.telemetry.otlp_endpoint = v;
+        }
         Ok(())
     }
 
@@ -401,6 +442,12 @@ impl Config {
             return invalid(
                 "processor.max_poll_interval_ms",
                 "must be at least processor.session_timeout_ms",
+            );
+        }
+        if self.telemetry.stall_after_ms < self.batch.flush_interval_ms.max(1_000) {
+            return invalid(
+                "telemetry.stall_after_ms",
+                "must be at least 1000 and at least batch.flush_interval_ms",
             );
         }
         Ok(())

@@ -11,6 +11,7 @@
 //! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
 //! - [`run`]: `airlock run`, the consumer-group batch loop.
 //! - [`scan`]: read-only, fence-filtered reads of an output partition (replay, audit).
+//! - [`telemetry`]: its metrics, health and readiness.
 //! - [`logging`]: the stderr logger.
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
@@ -23,5 +24,6 @@ pub mod restore;
 pub mod run;
 pub mod scan;
 pub mod signals;
+pub mod telemetry;
 pub mod topics;
 pub mod wire;

@@ -12,15 +12,19 @@ use std::sync::Arc;
 use airlock_schemas::{
     AnyRecord, ChangelogRecord, Codec, Decision, InputOffset, Reason, StateTable, Verdict,
 };
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
 
 use super::partitioner;
 use super::produce::Span;
+use super::telemetry::{Observed, source_label};
 use super::topics::Names;
 use super::wire::{self, OutRecord, header};
 use crate::capability;
 use crate::core::{Core, Effects, Input, TaskContext};
 use crate::store::{self, RocksStore, Store, keys::Table};
 use crate::task::{self, Task};
+use crate::telemetry::trace;
 
 /// Errors of a partition task: its store or the core broke. Input never causes one.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +120,11 @@ pub struct PartitionTask {
     /// `None` once someone did (see `acknowledged`).
     changelog_next: Option<i64>,
     pub counters: Counters,
+    /// What the current batch did, for the metrics (taken by the run loop after each seal).
+    observed: Observed,
+    /// The trace context (`traceparent`, `tracestate`) of the input being decided: every output
+    /// it causes carries it. Empty between inputs.
+    trace_headers: Vec<(String, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for PartitionTask {
@@ -150,6 +159,8 @@ impl PartitionTask {
             staged_offsets: BTreeMap::new(),
             changelog_next,
             counters: Counters::default(),
+            observed: Observed::default(),
+            trace_headers: Vec::new(),
         })
     }
 
@@ -202,6 +213,12 @@ impl PartitionTask {
 
     /// Decides one input record, or dead-letters it; stages everything, advances the offset.
     pub fn handle_record(&mut self, rec: &InputRecord<'_>) -> Result<()> {
+        self.handle_record_in(rec, &Context::new())
+    }
+
+    /// [`handle_record`](Self::handle_record) in a span whose parent is `parent` (the trace
+    /// context the record's headers carry); its outputs carry the span's context.
+    pub fn handle_record_in(&mut self, rec: &InputRecord<'_>, parent: &Context) -> Result<()> {
         self.staged_offsets
             .insert(rec.topic.to_owned(), rec.offset + 1);
         self.task.store_mut().stage_raw(
@@ -216,13 +233,53 @@ impl PartitionTask {
             return Ok(());
         }
         self.counters.inputs += 1;
-        match self.accept(rec) {
-            Ok(input) => {
-                let effects = self.task.handle(&input, rec.timestamp)?;
-                self.stage_effects(effects)
+        self.observed.inputs.push(rec.source);
+        let tracer = trace::tracer();
+        let span = tracer
+            .span_builder(format!("decide {}", source_label(rec.source)))
+            .with_kind(SpanKind::Consumer)
+            .with_attributes([
+                KeyValue::new("messaging.system", "kafka"),
+                KeyValue::new("messaging.destination.name", rec.topic.to_owned()),
+                KeyValue::new(
+                    "messaging.destination.partition.id",
+                    self.partition().to_string(),
+                ),
+                KeyValue::new("messaging.kafka.offset", rec.offset),
+            ])
+            .start_with_context(&tracer, parent);
+        let cx = parent.with_span(span);
+        self.trace_headers = trace::inject(&cx);
+        let result = match self.accept(rec) {
+            Ok(input) => match self.task.handle(&input, rec.timestamp) {
+                Ok(effects) => {
+                    let span = cx.span();
+                    if let Some(key) = input.operation_key() {
+                        span.set_attribute(KeyValue::new("airlock.operation_key", key.to_owned()));
+                    }
+                    if let Some(d) = effects.decisions.first() {
+                        self.observed.decided.push((rec.source, rec.timestamp));
+                        span.set_attribute(KeyValue::new("airlock.verdict", d.verdict.as_str()));
+                        span.set_attribute(KeyValue::new("airlock.reason", d.reason.as_str()));
+                    }
+                    if let Some(d) = effects.dispatches.first() {
+                        span.set_attribute(KeyValue::new("airlock.epoch", d.epoch));
+                    }
+                    self.stage_effects(effects)
+                }
+                Err(e) => Err(e.into()),
+            },
+            Err(refusal) => {
+                cx.span().set_attribute(KeyValue::new(
+                    "airlock.dead_letter",
+                    refusal.reason.as_str(),
+                ));
+                self.dead_letter(rec, refusal)
             }
-            Err(refusal) => self.dead_letter(rec, refusal),
-        }
+        };
+        self.trace_headers.clear();
+        cx.span().end();
+        result
     }
 
     /// Fires due timers through the same path as inputs (bounded per batch).
@@ -372,8 +429,14 @@ impl PartitionTask {
         Ok(())
     }
 
+    /// What the batches since the last call decided, dispatched and refused (metrics).
+    pub fn take_observed(&mut self) -> Observed {
+        std::mem::take(&mut self.observed)
+    }
+
     /// Forgets the uncommitted batch (the partition was revoked mid-batch).
     pub fn discard(&mut self) -> Result<()> {
+        self.observed = Observed::default();
         self.staged_outbox.clear();
         self.staged_offsets.clear();
         self.task.discard()?;
@@ -466,6 +529,7 @@ impl PartitionTask {
 
     fn dead_letter(&mut self, rec: &InputRecord<'_>, refusal: Refusal) -> Result<()> {
         self.counters.dead_lettered += 1;
+        self.observed.dead_letters.push(refusal.reason);
         let partition = self.partition();
         let owner_epoch = self.owner_epoch();
         let id = format!("dlq/{}/{partition}/{}", rec.topic, rec.offset);
@@ -538,6 +602,7 @@ impl PartitionTask {
                 receipts,
                 ..Effects::default()
             };
+            self.observed.decided.push((rec.source, rec.timestamp));
             self.stage_outputs(&effects)?;
         }
         Ok(())
@@ -640,13 +705,20 @@ impl PartitionTask {
         }
         self.counters.decisions += effects.decisions.len() as u64;
         self.counters.dispatches += effects.dispatches.len() as u64;
+        for d in &effects.decisions {
+            self.observed.decision(d);
+        }
+        self.observed.dispatches += effects.dispatches.len() as u64;
+        self.observed.first_dispatches +=
+            effects.dispatches.iter().filter(|d| d.epoch == 1).count() as u64;
         for r in out {
             self.push_outbox(r);
         }
         Ok(())
     }
 
-    fn push_outbox(&mut self, r: OutRecord) {
+    fn push_outbox(&mut self, mut r: OutRecord) {
+        r.headers.extend(self.trace_headers.iter().cloned());
         let seq = self.next_outbox;
         self.next_outbox += 1;
         self.staged_outbox.push((seq, r));

@@ -19,6 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::partition::{self, META_CHANGELOG_NEXT, META_OWNER_EPOCH, PartitionTask};
 use super::produce::{self, Producer};
+use super::telemetry::Telemetry;
 use super::topics::Names;
 use super::wire::{self, Admit, FenceFilter, OutRecord};
 use crate::core::{Core, TaskContext};
@@ -94,6 +95,8 @@ pub struct Claim {
     /// The instance name, for the journal's task field.
     pub instance: String,
     pub stall_timeout: Duration,
+    /// Restore progress and readiness (a partition being claimed is not ready).
+    pub telemetry: Arc<Telemetry>,
 }
 
 impl std::fmt::Debug for Claim {
@@ -126,9 +129,14 @@ impl Claim {
     /// another claimer's marker behind its barrier, its local state may hold that owner's
     /// rows as its own: it is wiped and the claim starts over, taking an epoch above both.
     pub fn take(&self, partition: i32) -> Result<(PartitionTask, Report)> {
+        let claiming = self.telemetry.claiming(partition);
         let mut attempt = 0;
         loop {
             match self.try_take(partition) {
+                Ok((task, report)) => {
+                    claiming.done(report.reused_local_state);
+                    return Ok((task, report));
+                }
                 Err(e @ Error::Contended { .. }) if attempt < CONTENDED_RETRIES => {
                     attempt += 1;
                     log::warn!("{e}; rebuilding the partition and claiming again");
@@ -218,6 +226,7 @@ impl Claim {
                         Admit::Accept => {
                             apply(&mut store, partition, offset, record)?;
                             applied += 1;
+                            self.telemetry.restored_records.inc(&[]);
                         }
                         _ => report.fenced_rows += 1,
                     }
@@ -296,6 +305,7 @@ impl Claim {
                         {
                             apply(&mut store, partition, offset, record)?;
                             applied += 1;
+                            self.telemetry.restored_records.inc(&[]);
                         } else {
                             report.fenced_rows += 1;
                         }
@@ -385,6 +395,7 @@ impl Claim {
                 };
                 let message = message.map_err(kafka)?;
                 progress = Instant::now();
+                self.telemetry.beat();
                 let offset = message.offset();
                 at = offset + 1;
                 if offset >= until {

@@ -16,6 +16,9 @@
 //! them. The group uses the `range` assignor, which keeps partition `p` of every input topic on
 //! one instance (they all have the same partition count); an assignment that breaks this is
 //! refused.
+//!
+//! Metrics, health and readiness (`telemetry`) are recorded by this loop and served on
+//! `telemetry.listen` when it is set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_schemas::Codec;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::message::Headers;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
@@ -31,10 +35,12 @@ use super::config::Config;
 use super::partition::{self, InputRecord, PartitionTask, Position, Source};
 use super::produce::{self, Producer};
 use super::restore::{self, Claim};
+use super::telemetry::{LAG_INTERVAL, Telemetry};
 use super::topics::{self, Names};
 use super::wire::OutRecord;
 use crate::core::Core;
 use crate::store::RocksOptions;
+use crate::telemetry::{server, trace};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -48,6 +54,8 @@ pub enum Error {
     Task(#[from] partition::Error),
     #[error(transparent)]
     Produce(#[from] produce::Error),
+    #[error(transparent)]
+    Telemetry(#[from] server::Error),
     #[error("rebalance: {0}")]
     Rebalance(String),
     #[error(
@@ -86,9 +94,38 @@ struct Ctx {
     shared: Arc<Mutex<Shared>>,
     claim: Arc<Claim>,
     inputs: Vec<String>,
+    telemetry: Arc<Telemetry>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    /// Consumer lag per owned input partition, from librdkafka's statistics (emitted inside
+    /// `poll` every `LAG_INTERVAL`): the partition's high watermark minus the task's next offset.
+    fn stats(&self, statistics: rdkafka::statistics::Statistics) {
+        let shared = lock(&self.shared);
+        for (topic, t) in &statistics.topics {
+            if !self.inputs.contains(topic) {
+                continue;
+            }
+            for (&p, stats) in &t.partitions {
+                let Some(task) = shared.tasks.get(&p) else {
+                    continue;
+                };
+                if stats.hi_offset < 0 {
+                    continue;
+                }
+                let next = match task.stored_offset(topic) {
+                    Ok(Some(next)) => next,
+                    Ok(None) => stats.lo_offset.max(0),
+                    Err(_) => continue,
+                };
+                self.telemetry.consumer_lag.set(
+                    &[topic, &p.to_string()],
+                    (stats.hi_offset - next).max(0) as f64,
+                );
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn rebalance(
@@ -105,6 +142,7 @@ impl ConsumerContext for Ctx {
                     shared.fatal.get_or_insert(e);
                     // Own nothing rather than something half-claimed.
                     shared.tasks.clear();
+                    self.telemetry.assigned(&BTreeSet::new());
                     if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
                         log::error!("releasing the assignment: {e}");
                     }
@@ -115,6 +153,7 @@ impl ConsumerContext for Ctx {
                 log::info!("partitions {revoked:?} revoked: their tasks stop");
                 // Dropping a task drops its unsealed batch: nothing more leaves it.
                 shared.tasks.clear();
+                self.telemetry.assigned(&BTreeSet::new());
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
                 }
@@ -122,6 +161,7 @@ impl ConsumerContext for Ctx {
             other => {
                 log::error!("rebalance error {other:?}: dropping every task");
                 shared.tasks.clear();
+                self.telemetry.assigned(&BTreeSet::new());
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
                 }
@@ -155,6 +195,8 @@ impl Ctx {
             }
         }
         shared.tasks.clear();
+        self.telemetry
+            .assigned(&by_partition.keys().copied().collect());
         let mut assignment = TopicPartitionList::new();
         for &p in by_partition.keys() {
             let started = Instant::now();
@@ -209,8 +251,45 @@ fn wall_ms() -> i64 {
 }
 
 /// Runs one processor instance until `shutdown` is set (then finishes the batch, flushes the
-/// outbox and leaves the group) or a fatal error.
+/// outbox and leaves the group) or a fatal error, with its telemetry endpoint on
+/// `telemetry.listen` when that is set.
 pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Result<Summary> {
+    let telemetry = Arc::new(Telemetry::new(Duration::from_millis(
+        config.telemetry.stall_after_ms,
+    )));
+    let _endpoint = match config.telemetry.listen.trim() {
+        "" => None,
+        listen => Some(server::Server::start(
+            listen,
+            telemetry.registry.clone(),
+            telemetry.clone(),
+        )?),
+    };
+    run_with(config, core, shutdown, telemetry)
+}
+
+/// [`run`], recording into `telemetry` (whose endpoint, if any, the caller serves).
+pub fn run_with(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: Arc<AtomicBool>,
+    telemetry: Arc<Telemetry>,
+) -> Result<Summary> {
+    telemetry.beat();
+    let result = run_loop(config, core, shutdown, &telemetry);
+    match &result {
+        Ok(_) => telemetry.stopping(),
+        Err(e) => telemetry.failed(e.to_string()),
+    }
+    result
+}
+
+fn run_loop(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: Arc<AtomicBool>,
+    telemetry: &Arc<Telemetry>,
+) -> Result<Summary> {
     let names = Names::new(&config.topics.prefix);
     let connectors: BTreeSet<String> = core
         .registry()
@@ -281,6 +360,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
         reader,
         instance: instance.clone(),
         stall_timeout: Duration::from_secs(60),
+        telemetry: telemetry.clone(),
     });
     let shared = Arc::new(Mutex::new(Shared {
         tasks: BTreeMap::new(),
@@ -291,6 +371,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
         shared: shared.clone(),
         claim,
         inputs: inputs.clone(),
+        telemetry: telemetry.clone(),
     };
     let mut consumer_config = config.client_config();
     consumer_config
@@ -314,7 +395,11 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
                 .max(250)
                 .to_string(),
         )
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set(
+            "statistics.interval.ms",
+            LAG_INTERVAL.as_millis().to_string(),
+        );
     // No static membership (group.instance.id): tansu 0.6 revokes a static member's assignment
     // right after it is given and never assigns again (seen here with librdkafka 2.12).
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
@@ -342,6 +427,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
     let mut last_report = Instant::now();
 
     while !shutdown.load(Ordering::Relaxed) {
+        telemetry.beat();
         // 1-2. Collect and decide a batch.
         let mut handled = 0usize;
         let mut first: Option<Instant> = None;
@@ -390,14 +476,24 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
                 }
             }
             let timestamp = message.timestamp().to_millis().unwrap_or_else(wall_ms);
-            task.handle_record(&InputRecord {
-                source,
-                topic,
-                offset: message.offset(),
-                key: message.key(),
-                payload: message.payload(),
-                timestamp,
-            })?;
+            let parent = trace::extract(
+                message
+                    .headers()
+                    .into_iter()
+                    .flat_map(|hs| hs.iter())
+                    .map(|h| (h.key, h.value.unwrap_or_default())),
+            );
+            task.handle_record_in(
+                &InputRecord {
+                    source,
+                    topic,
+                    offset: message.offset(),
+                    key: message.key(),
+                    payload: message.payload(),
+                    timestamp,
+                },
+                &parent,
+            )?;
             handled += 1;
         }
         if let Some(e) = lock(&shared).fatal.take() {
@@ -407,6 +503,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
         // 3. Timers, checkpoints, seal.
         let now = wall_ms();
         let mut out: Vec<(i32, Vec<(u64, OutRecord)>)> = Vec::new();
+        let mut observed = Vec::new();
         {
             let mut guard = lock(&shared);
             for (&p, task) in guard.tasks.iter_mut() {
@@ -423,7 +520,12 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
                     unchecked.remove(&p);
                 }
                 let sealed = task.seal(now)?;
+                observed.push(task.take_observed());
+                telemetry.scan_outstanding(p, task.store(), now);
                 if !sealed.is_empty() {
+                    telemetry
+                        .outbox_backlog
+                        .set(&[&p.to_string()], sealed.len() as f64);
                     out.push((p, sealed));
                 }
             }
@@ -437,8 +539,10 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
                 .collect();
             let acked = producer.send_phased(&records)?;
             summary.produced += records.len() as u64;
+            telemetry.produced.add(&[], records.len() as u64);
             let mut guard = lock(&shared);
             for (p, sealed) in &out {
+                telemetry.outbox_backlog.set(&[&p.to_string()], 0.0);
                 // The task may have been revoked meanwhile: its next owner resends.
                 if let Some(task) = guard.tasks.get_mut(p) {
                     let seqs: Vec<u64> = sealed.iter().map(|(s, _)| *s).collect();
@@ -448,6 +552,11 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
         }
         summary.batches += u64::from(handled > 0);
         summary.inputs += handled as u64;
+        telemetry.batches.add(&[], u64::from(handled > 0));
+        let acked_at = wall_ms();
+        for o in &observed {
+            telemetry.record(o, acked_at);
+        }
 
         // 5. Group offsets, for lag monitoring only.
         if handled > 0 {
@@ -481,6 +590,7 @@ pub fn run(config: &Config, core: Arc<Core>, shutdown: Arc<AtomicBool>) -> Resul
     // Graceful stop: everything sealed was produced above; commit the acknowledgements, then
     // leave the group.
     log::info!("instance {instance}: stopping");
+    telemetry.stopping();
     {
         let mut guard = lock(&shared);
         for task in guard.tasks.values_mut() {

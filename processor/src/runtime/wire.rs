@@ -13,6 +13,7 @@
 //! | `airlock-owner-epoch` | every output | the task's owner epoch; a fence marker announces one |
 //! | `airlock-dlq-reason`, `airlock-dlq-detail` | dlq | the refusal's reason code and text |
 //! | `airlock-source-topic`, `-partition`, `-offset` | dlq | where the refused record was read |
+//! | `traceparent`, `tracestate` | outputs caused by an input, outcomes | W3C trace context of the span that wrote it (`crate::telemetry::trace`); never part of an identity |
 //!
 //! The fence rule: a consumer of an output partition drops every record whose owner epoch is
 //! lower than the highest fence marker it has read in that partition. A zombie task writes
