@@ -122,9 +122,10 @@ async fn one_proposal_is_one_trace_across_processor_and_connector() -> anyhow::R
     let traced = sample::refund("refund:traced-1", 2_500, now_ms());
     let untraced = sample::refund("refund:untraced-1", 1_500, now_ms());
     let traceparent = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01");
+    let proposals_topic = a.names.proposals();
     for (p, header) in [(&traced, Some(traceparent.as_str())), (&untraced, None)] {
         let payload = codec.encode_single_object(p)?;
-        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&a.names.proposals())
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&proposals_topic)
             .key(p.operation_key.as_str())
             .payload(payload.as_slice());
         if let Some(value) = header {
