@@ -72,6 +72,7 @@ async fn one_proposal_is_one_trace_across_processor_and_connector() -> anyhow::R
         Options {
             reference_attempt_timeouts: true,
             signing_key_file: Some(keys.signing_file.clone()),
+            ..Options::default()
         },
     )
     .await?;

@@ -2,27 +2,27 @@
 //! topic, every partition or some, or from a file written by `--export`, and names the first
 //! break of each partition (see `receipt::verify`). Exits non-zero when a chain is broken.
 //!
-//! The topic is read up to the high watermarks seen at the start, so a running processor does
-//! not keep the check from ending. Signatures are checked against `--public-key` files (several
+//! The topic is read up to its end when the check starts (a barrier record written then, or the
+//! high watermark with `--read-only`; see `runtime::scan`), so a running processor does not
+//! keep the check from ending. Signatures are checked against `--public-key` files (several
 //! for a key rotation), else against the public half of `receipts.signing_key_file`.
 //!
 //! The export is JSON lines, one record each: `{"partition", "offset", "headers": [[name,
 //! value], ...], "value": "<hex>"}`, so an auditor can verify offline what was read.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::Headers;
-use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::capability::{self, VerifyingKey};
 use crate::receipt::verify::{Read, Report, Verifier};
 use crate::runtime::config::Config;
+use crate::runtime::scan::{Scanned, Scanner};
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -63,9 +63,13 @@ pub struct VerifyArgs {
     /// Print progress to standard error at most this often, in seconds (0: never).
     #[arg(long, default_value_t = 2)]
     pub progress_seconds: u64,
-    /// Give up when the topic yields nothing for this long, in seconds.
+    /// Write nothing: end at each partition's high watermark instead of at a barrier record
+    /// written now (tansu 0.6 reports watermarks that can miss the last records).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Give up when a partition yields nothing for this long, in seconds.
     #[arg(long, default_value_t = 30)]
-    pub timeout_seconds: u64,
+    pub stall_timeout_seconds: u64,
 }
 
 /// One record in an export file.
@@ -214,24 +218,21 @@ fn read_file(
     Ok(())
 }
 
+/// Reads `topic` partition by partition to its end (a barrier record's offset, or the high
+/// watermark with `--read-only`; see `runtime::scan`), feeding every record but barriers.
 fn read_topic(
     config: &Config,
     topic: &str,
     args: &VerifyArgs,
     feed: &mut impl FnMut(Exported) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<i32>> {
-    let timeout = Duration::from_secs(args.timeout_seconds.max(1));
-    let consumer: BaseConsumer = config
-        .client_config()
-        .set(
-            "group.id",
-            format!("{}receipts-verify", config.topics.prefix),
-        )
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "50")
-        .create()?;
+    let consumer = super::replay::reader(config, "receipts-verify")?;
+    let scanner = Scanner {
+        consumer: &consumer,
+        stall_timeout: Duration::from_secs(args.stall_timeout_seconds.max(1)),
+    };
     let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
+        .fetch_metadata(Some(topic), scanner.stall_timeout)
         .with_context(|| format!("reading the metadata of {topic} (is the broker up?)"))?;
     let partitions: Vec<i32> = metadata
         .topics()
@@ -244,61 +245,29 @@ fn read_topic(
         !partitions.is_empty(),
         "topic {topic} does not exist or has none of the partitions asked for"
     );
-    let mut ends = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for &p in &partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, timeout)
-            .with_context(|| format!("reading the watermarks of {topic}/{p}"))?;
-        if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
-            ends.insert(p, high);
-        }
-    }
-    if ends.is_empty() {
-        return Ok(partitions);
-    }
-    consumer.assign(&tpl)?;
-    let mut last_progress = Instant::now();
-    while !ends.is_empty() {
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-            anyhow::ensure!(
-                last_progress.elapsed() < timeout,
-                "reading {topic}: nothing for {timeout:?} with partitions {:?} short of their end",
-                ends.keys().collect::<Vec<_>>()
-            );
-            continue;
-        };
-        let m = message.with_context(|| format!("reading {topic}"))?;
-        last_progress = Instant::now();
-        let Some(&end) = ends.get(&m.partition()) else {
-            continue;
-        };
-        if m.offset() >= end {
-            ends.remove(&m.partition());
-            continue;
-        }
-        if m.offset() + 1 >= end {
-            ends.remove(&m.partition());
-        }
-        let headers = m
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
+    let wanted: Vec<(String, i32)> = partitions.iter().map(|&p| (topic.to_owned(), p)).collect();
+    let ends = super::replay::ends(&scanner, config, args.read_only, &wanted, None)?;
+    for (&p, bounds) in partitions.iter().zip(ends) {
+        scanner.scan(topic, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
+            let headers = s
+                .headers
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            feed(Exported {
+                partition: p,
+                offset: s.offset,
+                headers,
+                value: s.payload.map(hex::encode),
             })
-            .unwrap_or_default();
-        feed(Exported {
-            partition: m.partition(),
-            offset: m.offset(),
-            headers,
-            value: m.payload().map(hex::encode),
         })?;
     }
     Ok(partitions)
@@ -388,7 +357,8 @@ mod tests {
             file: Some(file),
             export: None,
             progress_seconds: 0,
-            timeout_seconds: 1,
+            read_only: false,
+            stall_timeout_seconds: 1,
         }
     }
 

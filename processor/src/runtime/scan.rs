@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::wire::{self, Admit, FenceFilter};
@@ -43,14 +43,28 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// One record of the scanned partition, with the fence's verdict on it.
-#[derive(Debug)]
 pub struct Scanned<'a> {
     pub offset: i64,
     pub admit: Admit,
     /// The `airlock-kind` header, when present.
     pub kind: Option<&'a [u8]>,
+    /// All of the record's headers, for a reader that checks them itself.
+    pub headers: Option<&'a BorrowedHeaders>,
     pub key: Option<&'a [u8]>,
     pub payload: Option<&'a [u8]>,
+}
+
+impl std::fmt::Debug for Scanned<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scanned")
+            .field("offset", &self.offset)
+            .field("admit", &self.admit)
+            .field("kind", &self.kind)
+            .field("headers", &self.headers.map_or(0, |h| h.count()))
+            .field("key", &self.key)
+            .field("payload", &self.payload.map(<[u8]>::len))
+            .finish()
+    }
 }
 
 /// The offsets a scan covers: `[low, high)` of the partition, cut at `until` when given.
@@ -196,6 +210,7 @@ impl Scanner<'_> {
                     offset,
                     admit,
                     kind,
+                    headers,
                     key: message.key(),
                     payload: message.payload(),
                 })?;
