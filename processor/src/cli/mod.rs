@@ -8,16 +8,22 @@
 //! - [`run`]: `airlock run`, one processor instance.
 //! - [`demo`]: `airlock demo`, the whole loop through the seed failures, with a report.
 //! - [`keygen`]: `airlock keygen`, a capability key pair (processor signs, connectors verify).
+//! - [`propose`]: `airlock propose`, one tool proposal published as an agent would.
+//! - [`approve`]: `airlock approve`, a human's approval (or rejection) of a pending proposal.
 //! - [`settle`]: `airlock settle`, an operator's settlement of an effect nothing could prove.
+//! - [`ask`]: what `approve` and `settle` share: publish one input, await its answer.
 //! - [`replay`]: `airlock replay`, the journal rebuilt and verified; `--policy` for what-if.
 //! - [`audit`]: `airlock audit`, the history of one operation key or run.
 //! - [`receipts`]: `airlock receipts verify`, the check of the signed receipt chains.
 
+pub mod approve;
+pub mod ask;
 pub mod audit;
 pub mod check;
 pub mod demo;
 pub mod hash;
 pub mod keygen;
+pub mod propose;
 pub mod receipts;
 pub mod replay;
 pub mod run;
@@ -52,6 +58,11 @@ pub enum Command {
     /// Write a new Ed25519 key pair for dispatch-command capabilities: `<out>.key` for the
     /// processor (capability.signing_key_file), `<out>.pub` for connector workers.
     Keygen(keygen::Args),
+    /// Publish one tool proposal as an agent would and print the processor's answer.
+    Propose(propose::Args),
+    /// Approve (or --reject) a proposal waiting for approval, bound to the arguments hash the
+    /// approver reviewed; waits for the processor's answer.
+    Approve(approve::Args),
     /// Settle an effect by hand (OPERATOR_REQUIRED or UNKNOWN) with the operator's evidence;
     /// waits for the processor's answer.
     Settle(settle::Args),
@@ -74,6 +85,8 @@ impl Cli {
             Command::Run(args) => run::run(&args, &mut std::io::stdout().lock()),
             Command::Demo(args) => demo::run(&args, &mut std::io::stdout().lock()),
             Command::Keygen(args) => keygen::run(&args, &mut std::io::stdout().lock()),
+            Command::Propose(args) => propose::run(&args, &mut std::io::stdout().lock()),
+            Command::Approve(args) => approve::run(&args, &mut std::io::stdout().lock()),
             Command::Settle(args) => settle::run(&args, &mut std::io::stdout().lock()),
             Command::Replay(args) => replay::run(&args, &mut std::io::stdout().lock()),
             Command::Audit(args) => audit::run(&args, &mut std::io::stdout().lock()),

@@ -10,20 +10,14 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use airlock_schemas::{Codec, Control, ControlKind, Decision, Reason};
+use airlock_schemas::{Codec, Control, ControlKind, Reason};
 use anyhow::Context;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Headers;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
-use rdkafka::{Message, Offset, TopicPartitionList};
-use sha2::{Digest, Sha256};
 
+use super::ask::{self, Request};
 use crate::runtime::config::Config;
-use crate::runtime::partitioner::{LIBRDKAFKA_PARTITIONER, partition_for};
 use crate::runtime::topics::Names;
-use crate::runtime::wire::{Admit, FenceFilter};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -58,21 +52,6 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         ControlKind::SettleFailed
     };
     let control_id = control_id(&args.operation_key, kind, &args.operator, &args.evidence);
-    let partition = partition_for(args.operation_key.as_bytes(), config.topics.partitions);
-
-    // The answer's partition is read from its start: the fence markers there say which
-    // owner's answer counts.
-    let decisions = names.decisions();
-    let reader: BaseConsumer = config
-        .client_config()
-        .set("group.id", format!("{}settle", config.topics.prefix))
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&decisions, partition, Offset::Beginning)?;
-    reader.assign(&tpl)?;
-
-    let codec = Codec::new();
     let control = Control {
         control_id: control_id.clone(),
         kind,
@@ -81,62 +60,29 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         lease_fence: None,
         operator_id: args.operator.clone(),
         evidence: Some(args.evidence.clone()),
-        issued_at: SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64,
+        issued_at: ask::now_ms()?,
     };
-    let producer: ThreadedProducer<DefaultProducerContext> = config
-        .client_config()
-        .set("partitioner", LIBRDKAFKA_PARTITIONER)
-        .set("enable.idempotence", "true")
-        .create()?;
-    let payload = codec.encode_single_object(&control)?;
-    producer
-        .send(
-            BaseRecord::<str, [u8]>::to(&names.control())
-                .key(&args.operation_key)
-                .payload(&payload),
-        )
-        .map_err(|(e, _)| anyhow::anyhow!("producing to {}: {e}", names.control()))?;
-    producer
-        .flush(Duration::from_secs(30))
-        .with_context(|| format!("producing to {} (is the broker up?)", names.control()))?;
-    writeln!(
-        out,
-        "published {} for {} as {control_id}; waiting for the processor",
-        kind.as_str(),
-        args.operation_key
+    let request = Request {
+        topic: names.control(),
+        operation_key: &args.operation_key,
+        payload: Codec::new().encode_single_object(&control)?,
+        reply_to: &control_id,
+    };
+    let answer = ask::publish_and_await(
+        &config,
+        "settle",
+        &request,
+        Duration::from_secs(args.timeout_seconds),
+        || {
+            writeln!(
+                out,
+                "published {} for {} as {control_id}; waiting for the processor",
+                kind.as_str(),
+                args.operation_key
+            )?;
+            Ok(())
+        },
     )?;
-
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-    let mut fence = FenceFilter::default();
-    let answer = loop {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no answer to {control_id} on {decisions} partition {partition} within {}s (is \
-             `airlock run` up?); running the same command again is safe",
-            args.timeout_seconds
-        );
-        let Some(m) = reader.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let m = m?;
-        let headers: Vec<(&str, &[u8])> = m
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .filter_map(|h| h.value.map(|v| (h.key, v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if fence.admit(&decisions, partition, headers) != Admit::Accept {
-            continue;
-        }
-        let Some(Ok(d)) = m.payload().map(|p| codec.decode_as::<Decision>(p)) else {
-            continue;
-        };
-        if d.in_reply_to == control_id {
-            break d;
-        }
-    };
     writeln!(
         out,
         "{} {} {}: {}",
@@ -156,12 +102,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
 
 /// The settlement's id: the same command gives the same id, so a repeat is one settlement.
 fn control_id(key: &str, kind: ControlKind, operator: &str, evidence: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [key, kind.as_str(), operator, evidence] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    format!("settle/{}", &hex::encode(h.finalize())[..32])
+    ask::content_id("settle", &[key, kind.as_str(), operator, evidence])
 }
 
 #[cfg(test)]

@@ -1,0 +1,181 @@
+//! `airlock approve <operation-key> --arguments-hash H --approver ID --tenant T [--reject]`: a
+//! human's decision on a proposal waiting for approval (DESIGN.md section 4). The approval is
+//! an Approval record on the approvals topic, bound to the exact arguments the approver saw
+//! (their SHA-256, as `airlock audit --key` and the AWAITING_APPROVAL decision show it); the
+//! owner decides it like any input and the command waits for its answer.
+//!
+//! Exit status: zero when the approval was recorded (or was already counted: running the same
+//! command twice is one approval, its id derived from its content); non-zero when it was
+//! refused (no pending approval, another arguments hash, expired, self-approval, approver not
+//! entitled) or no answer came in time.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use airlock_schemas::{Approval, ApprovalVerdict, Codec, Verdict};
+use anyhow::Context;
+
+use super::ask::{self, Request};
+use crate::runtime::config::Config;
+use crate::runtime::topics::Names;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The operation key of the proposal waiting for approval.
+    pub operation_key: String,
+    /// Lowercase hex SHA-256 of the canonical arguments the approver reviewed; an approval for
+    /// other arguments is refused.
+    #[arg(long)]
+    pub arguments_hash: String,
+    /// The approver's principal id (must be entitled by the policy's `approve` action, and not
+    /// the requester).
+    #[arg(long, env = "AIRLOCK_APPROVER")]
+    pub approver: String,
+    /// The approver's tenant; it must be the proposal's.
+    #[arg(long)]
+    pub tenant: String,
+    /// Reject the proposal instead of approving it.
+    #[arg(long)]
+    pub reject: bool,
+    /// How long the approval may be used to dispatch, in seconds from now.
+    #[arg(long, default_value_t = 3_600)]
+    pub ttl_seconds: u64,
+    /// Free text kept with the approval in the journal.
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// The processor's configuration file (brokers, topic prefix, partitions).
+    #[arg(long, short, env = "AIRLOCK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// How long to wait for the processor's answer.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_seconds: u64,
+}
+
+pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let approval = approval(args, ask::now_ms()?)?;
+    let names = Names::new(&config.topics.prefix);
+    let request = Request {
+        topic: names.approvals(),
+        operation_key: &args.operation_key,
+        payload: Codec::new().encode_single_object(&approval)?,
+        reply_to: &approval.approval_id,
+    };
+    let answer = ask::publish_and_await(
+        &config,
+        "approve",
+        &request,
+        Duration::from_secs(args.timeout_seconds),
+        || {
+            writeln!(
+                out,
+                "published {} of {} by {} as {}; waiting for the processor",
+                approval.verdict.as_str(),
+                args.operation_key,
+                args.approver,
+                approval.approval_id
+            )?;
+            Ok(())
+        },
+    )?;
+    writeln!(
+        out,
+        "{} {} {}: {}",
+        answer.operation_key,
+        answer.verdict.as_str(),
+        answer.reason.as_str(),
+        answer.detail
+    )?;
+    anyhow::ensure!(
+        matches!(answer.verdict, Verdict::Recorded | Verdict::Duplicate),
+        "the processor refused the approval of {}: {}",
+        args.operation_key,
+        answer.reason.as_str()
+    );
+    Ok(())
+}
+
+/// The approval record; its id is derived from what the approver decided (not from the time),
+/// so the same command run again is the same approval.
+fn approval(args: &Args, now: i64) -> anyhow::Result<Approval> {
+    let hash = &args.arguments_hash;
+    anyhow::ensure!(
+        hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "--arguments-hash must be 64 lowercase hex characters (the SHA-256 of the canonical \
+         arguments, as `airlock hash` prints it), not {hash:?}"
+    );
+    let verdict = if args.reject {
+        ApprovalVerdict::Reject
+    } else {
+        ApprovalVerdict::Approve
+    };
+    let ttl_ms = i64::try_from(args.ttl_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
+    Ok(Approval {
+        approval_id: ask::content_id(
+            "approve",
+            &[
+                &args.operation_key,
+                hash,
+                &args.approver,
+                &args.tenant,
+                verdict.as_str(),
+            ],
+        ),
+        operation_key: args.operation_key.clone(),
+        arguments_hash: hash.clone(),
+        approver_id: args.approver.clone(),
+        tenant_id: args.tenant.clone(),
+        verdict,
+        expires_at: now.saturating_add(ttl_ms),
+        decided_at: now,
+        comment: args.comment.clone(),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(extra: &[&str]) -> Args {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let mut argv = vec![
+            "approve",
+            "refund:txn_1",
+            "--arguments-hash",
+            "95fb46b9aa8f4e1b23ce9e2a94b0d8b6f7a1c3e5d7f9b1a3c5e7f9b1d3f5beb4",
+            "--approver",
+            "user:alice",
+            "--tenant",
+            "acme",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).args
+    }
+
+    #[test]
+    fn the_same_decision_is_the_same_approval_and_a_reject_is_another() {
+        let a = approval(&parse(&[]), 1_000).unwrap();
+        let again = approval(&parse(&["--comment", "looked twice"]), 9_000).unwrap();
+        assert_eq!(a.approval_id, again.approval_id);
+        assert_eq!(a.verdict, ApprovalVerdict::Approve);
+        assert_eq!(a.expires_at, 1_000 + 3_600_000);
+        let reject = approval(&parse(&["--reject"]), 1_000).unwrap();
+        assert_eq!(reject.verdict, ApprovalVerdict::Reject);
+        assert_ne!(a.approval_id, reject.approval_id);
+    }
+
+    #[test]
+    fn an_arguments_hash_that_is_not_a_sha256_is_refused_before_anything_is_sent() {
+        let mut args = parse(&[]);
+        args.arguments_hash = "95FB46".to_owned();
+        let err = approval(&args, 0).unwrap_err().to_string();
+        assert!(err.contains("64 lowercase hex"), "{err}");
+    }
+}

@@ -1,0 +1,117 @@
+//! `airlock propose` and `airlock approve` against a real broker: a refund above the
+//! auto-approval limit, proposed from the command line, waits for approval; an approval for other arguments is refused (non-zero exit), the approval bound to
+//! the hash the processor reported is recorded and dispatches the refund, and running the same
+//! command again is the same approval, answered without a second dispatch.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use airlock_processor::sample;
+use airlock_schemas::{Decision, DispatchCommand, Reason, Verdict};
+use airlock_tests::airlock::Airlock;
+use airlock_tests::eventually;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Result<()> {
+    let a = Airlock::start("approve", 2).await?;
+    let processor = a.spawn("p1")?;
+    let key = "refund:txn_large";
+    let arguments = sample::money_arguments("acme", "acct-42", 20_000, "EUR");
+    let propose = || {
+        a.cli(&[
+            "propose",
+            "--tool",
+            "refund",
+            "--operation-key",
+            key,
+            "--arguments",
+            &arguments,
+            "--tenant",
+            "acme",
+            "--principal",
+            "agent-support-1",
+            "--run-id",
+            "run-approve",
+        ])
+    };
+    // `airlock propose` publishes as an agent would and prints the answer with the hash the
+    // approver is to review.
+    let (ok, out, err) = propose()?;
+    assert!(
+        ok,
+        "a refund above the auto limit waits, it is not refused:\n{out}\n{err}"
+    );
+    assert!(out.contains("PENDING_APPROVAL"), "{out}");
+    let hash = out
+        .lines()
+        .find_map(|l| l.strip_prefix("arguments_hash: "))
+        .expect("the answer names the arguments hash")
+        .to_owned();
+    let proposal_id = out
+        .lines()
+        .find_map(|l| l.split(" as ").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .expect("the command names the proposal id")
+        .to_owned();
+
+    let approve = |hash: &str| {
+        a.cli(&[
+            "approve",
+            key,
+            "--arguments-hash",
+            hash,
+            "--approver",
+            "alice",
+            "--tenant",
+            "acme",
+            "--comment",
+            "checked the ticket",
+            "--timeout-seconds",
+            "60",
+        ])
+    };
+
+    // Other arguments than the ones reported: refused, nothing dispatched.
+    let (ok, out, err) = approve(&"0".repeat(64))?;
+    assert!(
+        !ok,
+        "an approval of other arguments must fail:\n{out}\n{err}"
+    );
+    assert!(out.contains("APPROVAL_HASH_MISMATCH"), "{out}\n{err}");
+
+    // The reported hash: recorded, and the refund is dispatched.
+    let (ok, out, err) = approve(&hash)?;
+    assert!(ok, "the approval must be recorded:\n{out}\n{err}");
+    assert!(out.contains("RECORDED APPROVAL_RECORDED"), "{out}");
+    let approved = eventually("the refund's dispatch decision", WAIT, async || {
+        let decisions: Vec<Decision> = a.read_deduplicated(&a.names.decisions(), "decision")?;
+        Ok(decisions
+            .into_iter()
+            .find(|d| d.in_reply_to == proposal_id && d.reason == Reason::Approved))
+    })
+    .await?;
+    assert_eq!(approved.verdict, Verdict::Accepted, "{approved:?}");
+
+    // The same proposal again is a resend, answered from state.
+    let (ok, out, err) = propose()?;
+    assert!(ok, "a resend is answered:\n{out}\n{err}");
+
+    // The same approval again: already counted; still one dispatch.
+    let (ok, out, err) = approve(&hash)?;
+    assert!(
+        ok,
+        "a repeated approval is answered, not refused:\n{out}\n{err}"
+    );
+    assert!(out.contains("APPROVAL_DUPLICATE"), "{out}");
+    // Distinct commands (an outbox resend repeats a command id; it is one command).
+    let dispatches: Vec<DispatchCommand> = a
+        .read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?
+        .into_iter()
+        .filter(|c| c.operation_key == key)
+        .collect();
+    assert_eq!(dispatches.len(), 1, "{dispatches:?}");
+    processor.stop()?;
+    Ok(())
+}
