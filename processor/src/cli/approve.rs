@@ -10,14 +10,10 @@
 //! entitled) or no answer came in time.
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use airlock_schemas::{Approval, ApprovalVerdict, Codec, Verdict};
-use anyhow::Context;
 
 use super::ask::{self, Request};
-use crate::runtime::config::Config;
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -44,16 +40,12 @@ pub struct Args {
     /// Free text kept with the approval in the journal.
     #[arg(long)]
     pub comment: Option<String>,
-    /// The processor's configuration file (brokers, topic prefix, partitions).
-    #[arg(long, short, env = "AIRLOCK_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// How long to wait for the processor's answer.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_seconds: u64,
+    #[command(flatten)]
+    pub common: ask::Common,
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let config = args.common.load()?;
     let approval = approval(args, ask::now_ms()?)?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
@@ -62,12 +54,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         payload: Codec::new().encode_single_object(&approval)?,
         reply_to: &approval.approval_id,
     };
-    let answer = ask::publish_and_await(
-        &config,
-        "approve",
-        &request,
-        Duration::from_secs(args.timeout_seconds),
-        || {
+    let answer =
+        ask::publish_and_await(&config, "approve", &request, args.common.timeout(), || {
             writeln!(
                 out,
                 "published {} of {} by {} as {}; waiting for the processor",
@@ -77,16 +65,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
                 approval.approval_id
             )?;
             Ok(())
-        },
-    )?;
-    writeln!(
-        out,
-        "{} {} {}: {}",
-        answer.operation_key,
-        answer.verdict.as_str(),
-        answer.reason.as_str(),
-        answer.detail
-    )?;
+        })?;
+    ask::print_answer(out, &answer)?;
     anyhow::ensure!(
         matches!(answer.verdict, Verdict::Recorded | Verdict::Duplicate),
         "the processor refused the approval of {}: {}",

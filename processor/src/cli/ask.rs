@@ -6,6 +6,8 @@
 //! bounded, and publishing the same record again is safe (its id is derived from its content,
 //! and the processor answers a repeated id from its state).
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use airlock_schemas::{Codec, Decision};
@@ -20,6 +22,39 @@ use crate::runtime::config::Config;
 use crate::runtime::partitioner::{LIBRDKAFKA_PARTITIONER, partition_for};
 use crate::runtime::topics::Names;
 use crate::runtime::wire::{Admit, FenceFilter};
+
+/// The options every publish-and-await command has.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// The processor's configuration file (brokers, topic prefix, partitions).
+    #[arg(long, short, env = "AIRLOCK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// How long to wait for the processor's answer.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_seconds: u64,
+}
+
+impl Common {
+    pub fn load(&self) -> anyhow::Result<Config> {
+        Config::load(self.config.as_deref()).context("loading the configuration")
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_seconds)
+    }
+}
+
+/// Prints the answer: `<key> <VERDICT> <REASON>: <detail>`.
+pub fn print_answer(out: &mut impl Write, answer: &Decision) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} {} {}: {}",
+        answer.operation_key,
+        answer.verdict.as_str(),
+        answer.reason.as_str(),
+        answer.detail
+    )
+}
 
 /// One request to the processor: an encoded input and the id its answer replies to.
 #[derive(Debug)]

@@ -9,15 +9,12 @@
 //! principal, run, logical call) unless given, so running the same command again is a resend.
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use airlock_schemas::{Codec, ToolProposal, Verdict};
 use anyhow::Context;
 
 use super::ask::{self, Request};
 use crate::core::canonical;
-use crate::runtime::config::Config;
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -54,16 +51,12 @@ pub struct Args {
     /// The proposal id (default: derived from the proposal's identity).
     #[arg(long)]
     pub proposal_id: Option<String>,
-    /// The processor's configuration file (brokers, topic prefix, partitions).
-    #[arg(long, short, env = "AIRLOCK_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// How long to wait for the processor's answer.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_seconds: u64,
+    #[command(flatten)]
+    pub common: ask::Common,
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let config = args.common.load()?;
     let proposal = proposal(args, ask::now_ms()?)?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
@@ -72,28 +65,16 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         payload: Codec::new().encode_single_object(&proposal)?,
         reply_to: &proposal.proposal_id,
     };
-    let answer = ask::publish_and_await(
-        &config,
-        "propose",
-        &request,
-        Duration::from_secs(args.timeout_seconds),
-        || {
+    let answer =
+        ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {
             writeln!(
                 out,
                 "published {} of {} as {}; waiting for the processor",
                 proposal.tool, proposal.operation_key, proposal.proposal_id
             )?;
             Ok(())
-        },
-    )?;
-    writeln!(
-        out,
-        "{} {} {}: {}",
-        answer.operation_key,
-        answer.verdict.as_str(),
-        answer.reason.as_str(),
-        answer.detail
-    )?;
+        })?;
+    ask::print_answer(out, &answer)?;
     if let Some(hash) = &answer.arguments_hash {
         writeln!(out, "arguments_hash: {hash}")?;
     }

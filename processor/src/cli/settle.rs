@@ -9,14 +9,10 @@
 //! which the processor answers once.
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use airlock_schemas::{Codec, Control, ControlKind, Reason};
-use anyhow::Context;
 
 use super::ask::{self, Request};
-use crate::runtime::config::Config;
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -35,16 +31,12 @@ pub struct Args {
     /// The operator's principal id, recorded as the settlement's principal.
     #[arg(long, env = "AIRLOCK_OPERATOR")]
     pub operator: String,
-    /// The processor's configuration file (brokers, topic prefix, partitions).
-    #[arg(long, short, env = "AIRLOCK_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// How long to wait for the processor's answer.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_seconds: u64,
+    #[command(flatten)]
+    pub common: ask::Common,
 }
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
+    let config = args.common.load()?;
     let names = Names::new(&config.topics.prefix);
     let kind = if args.committed {
         ControlKind::SettleCommitted
@@ -68,12 +60,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         payload: Codec::new().encode_single_object(&control)?,
         reply_to: &control_id,
     };
-    let answer = ask::publish_and_await(
-        &config,
-        "settle",
-        &request,
-        Duration::from_secs(args.timeout_seconds),
-        || {
+    let answer =
+        ask::publish_and_await(&config, "settle", &request, args.common.timeout(), || {
             writeln!(
                 out,
                 "published {} for {} as {control_id}; waiting for the processor",
@@ -81,16 +69,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
                 args.operation_key
             )?;
             Ok(())
-        },
-    )?;
-    writeln!(
-        out,
-        "{} {} {}: {}",
-        answer.operation_key,
-        answer.verdict.as_str(),
-        answer.reason.as_str(),
-        answer.detail
-    )?;
+        })?;
+    ask::print_answer(out, &answer)?;
     anyhow::ensure!(
         answer.reason == Reason::OperatorSettled,
         "the processor did not settle {}: {}",
