@@ -94,11 +94,18 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     .await?;
     assert_eq!(approved.verdict, Verdict::Accepted, "{approved:?}");
 
-    // The same proposal again is a resend, answered from state.
+    // The same proposal again is a resend: the processor stays silent, so the command shows
+    // the latest reply to it (the approval's dispatch) and publishes nothing.
     let (ok, out, err) = propose()?;
     assert!(ok, "a resend is answered:\n{out}\n{err}");
+    assert!(
+        out.contains("answered before; not published again"),
+        "{out}"
+    );
+    assert!(out.contains("ACCEPTED APPROVED"), "{out}");
 
-    // The same approval again: already counted; still one dispatch.
+    // The same approval again: decided again and answered after the command, not with the
+    // earlier RECORDED: already counted; still one dispatch.
     let (ok, out, err) = approve(&hash)?;
     assert!(
         ok,

@@ -1,10 +1,10 @@
-//! What `airlock settle` and `airlock approve` share: publish one input record keyed by its
-//! operation key, then wait for the owner's decision that replies to it.
+//! What `airlock settle`, `airlock approve` and `airlock propose` share: publish one input
+//! record keyed by its operation key, then wait for the owner's decision that replies to it.
 //!
 //! The answer's decisions partition is read from its start, so the fence markers there say
 //! which owner's answer counts; the cost grows with that partition's retention. Every wait is
-//! bounded, and publishing the same record again is safe (its id is derived from its content,
-//! and the processor answers a repeated id from its state).
+//! bounded, and running the same command again is safe: the record's id is derived from its
+//! content, and [`Repeat`] says how the processor treats a repeated id.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,14 +14,14 @@ use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
 use crate::runtime::config::Config;
-use crate::runtime::partitioner::{LIBRDKAFKA_PARTITIONER, partition_for};
+use crate::runtime::partitioner::partition_for;
+use crate::runtime::produce::Producer;
 use crate::runtime::topics::Names;
-use crate::runtime::wire::{Admit, FenceFilter};
+use crate::runtime::wire::{Admit, FenceFilter, OutRecord};
 
 /// The options every publish-and-await command has.
 #[derive(Debug, clap::Args)]
@@ -56,6 +56,18 @@ pub fn print_answer(out: &mut impl Write, answer: &Decision) -> std::io::Result<
     )
 }
 
+/// What the processor does with a request whose id it has seen before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeat {
+    /// It decides it again and answers (approvals, controls): the answer to a repeated command
+    /// is the one that comes after it, not an earlier refusal.
+    Answered,
+    /// It answers nothing (a proposal's producer resend): the latest earlier reply (for a
+    /// proposal, where its intent got to: accepted, approved, expired...) is the answer, and
+    /// the request is not published again.
+    Silent,
+}
+
 /// One request to the processor: an encoded input and the id its answer replies to.
 #[derive(Debug)]
 pub struct Request<'a> {
@@ -65,21 +77,36 @@ pub struct Request<'a> {
     pub payload: Vec<u8>,
     /// The id the decision's `in_reply_to` carries.
     pub reply_to: &'a str,
+    pub repeat: Repeat,
 }
 
-/// Reads the answer partition, publishes `request`, and returns the decision replying to it.
-/// `published` runs once the record is acknowledged (to tell the user what is awaited).
+/// The processor's answer to a request.
+#[derive(Debug)]
+pub struct Answer {
+    pub decision: Decision,
+    /// Answered before this command ran (a [`Repeat::Silent`] request seen before); nothing was
+    /// published.
+    pub earlier: bool,
+}
+
+/// Publishes `request` and returns the owner's decision replying to it.
+///
+/// Where the answer partition ends now is marked with a barrier record; the partition is read
+/// from its start (the fence markers there say which owner's answers count) to that mark, then
+/// the request is published (`published` runs once it is acknowledged) and the first reply
+/// after the mark is the answer. A [`Repeat::Silent`] request already answered before the mark
+/// is not published again.
 pub fn publish_and_await(
     config: &Config,
     role: &str,
     request: &Request<'_>,
     timeout: Duration,
     published: impl FnOnce() -> anyhow::Result<()>,
-) -> anyhow::Result<Decision> {
+) -> anyhow::Result<Answer> {
     let names = Names::new(&config.topics.prefix);
     let partition = partition_for(request.operation_key.as_bytes(), config.topics.partitions);
     let decisions = names.decisions();
-    // Assigned before publishing, from the start: nothing the answer could be is missed.
+    let deadline = Instant::now() + timeout;
     let reader: BaseConsumer = config
         .client_config()
         .set("group.id", format!("{}{role}", config.topics.prefix))
@@ -88,39 +115,96 @@ pub fn publish_and_await(
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&decisions, partition, Offset::Beginning)?;
     reader.assign(&tpl)?;
+    let producer =
+        Producer::new(&config.client_config(), 0).context("creating the Kafka producer")?;
+    let mark = producer
+        .send_phased(&[OutRecord::barrier(&decisions, partition)])
+        .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
+        .offset_of(&decisions, partition)
+        .expect("the barrier was acknowledged");
 
-    let producer: ThreadedProducer<DefaultProducerContext> = config
-        .client_config()
-        .set("partitioner", LIBRDKAFKA_PARTITIONER)
-        .set("enable.idempotence", "true")
-        .create()?;
+    let mut replies = Replies {
+        reader: &reader,
+        decisions: &decisions,
+        partition,
+        reply_to: request.reply_to,
+        codec: Codec::new(),
+        fence: FenceFilter::default(),
+        at: 0,
+    };
+    let mut earlier = None;
+    while replies.at <= mark {
+        if let Some((offset, d)) = replies.next(deadline, timeout)?
+            && offset < mark
+        {
+            earlier = Some(d);
+        }
+    }
+    if request.repeat == Repeat::Silent
+        && let Some(decision) = earlier
+    {
+        return Ok(Answer {
+            decision,
+            earlier: true,
+        });
+    }
+
     producer
-        .send(
-            BaseRecord::<str, [u8]>::to(&request.topic)
-                .key(request.operation_key)
-                .payload(&request.payload),
-        )
-        .map_err(|(e, _)| anyhow::anyhow!("producing to {}: {e}", request.topic))?;
-    producer
-        .flush(Duration::from_secs(30))
+        .send_phased(&[OutRecord {
+            topic: request.topic.clone(),
+            partition,
+            key: Some(request.operation_key.as_bytes().to_vec()),
+            value: Some(request.payload.clone()),
+            headers: Vec::new(),
+            phase: 0,
+        }])
         .with_context(|| format!("producing to {} (is the broker up?)", request.topic))?;
     published()?;
-
-    let codec = Codec::new();
-    let deadline = Instant::now() + timeout;
-    let mut fence = FenceFilter::default();
     loop {
+        if let Some((offset, decision)) = replies.next(deadline, timeout)?
+            && offset > mark
+        {
+            return Ok(Answer {
+                decision,
+                earlier: false,
+            });
+        }
+    }
+}
+
+/// Reads one answer partition in order, fence-filtered.
+struct Replies<'a> {
+    reader: &'a BaseConsumer,
+    decisions: &'a str,
+    partition: i32,
+    reply_to: &'a str,
+    codec: Codec,
+    fence: FenceFilter,
+    /// The next offset to read.
+    at: i64,
+}
+
+impl Replies<'_> {
+    /// Polls once; the record read, if it is an admitted reply to the request.
+    fn next(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<(i64, Decision)>> {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "no answer to {} on {decisions} partition {partition} within {}s (is `airlock run` \
-             up?); running the same command again is safe",
-            request.reply_to,
+            "no answer to {} on {} partition {} within {}s (is `airlock run` up?); running the \
+             same command again is safe",
+            self.reply_to,
+            self.decisions,
+            self.partition,
             timeout.as_secs()
         );
-        let Some(m) = reader.poll(Duration::from_millis(200)) else {
-            continue;
+        let Some(m) = self.reader.poll(Duration::from_millis(200)) else {
+            return Ok(None);
         };
-        let m = m.with_context(|| format!("reading {decisions}"))?;
+        let m = m.with_context(|| format!("reading {}", self.decisions))?;
+        self.at = m.offset() + 1;
         let headers: Vec<(&str, &[u8])> = m
             .headers()
             .map(|h| {
@@ -129,15 +213,13 @@ pub fn publish_and_await(
                     .collect()
             })
             .unwrap_or_default();
-        if fence.admit(&decisions, partition, headers) != Admit::Accept {
-            continue;
+        if self.fence.admit(self.decisions, self.partition, headers) != Admit::Accept {
+            return Ok(None);
         }
-        let Some(Ok(d)) = m.payload().map(|p| codec.decode_as::<Decision>(p)) else {
-            continue;
+        let Some(Ok(d)) = m.payload().map(|p| self.codec.decode_as::<Decision>(p)) else {
+            return Ok(None);
         };
-        if d.in_reply_to == request.reply_to {
-            return Ok(d);
-        }
+        Ok((d.in_reply_to == self.reply_to).then_some((m.offset(), d)))
     }
 }
 
