@@ -1,7 +1,9 @@
-//! `airlock propose` and `airlock approve` against a real broker: a refund above the
-//! auto-approval limit, proposed from the command line, waits for approval; an approval for other arguments is refused (non-zero exit), the approval bound to
-//! the hash the processor reported is recorded and dispatches the refund, and running the same
-//! command again is the same approval, answered without a second dispatch.
+//! `airlock propose` and `airlock approve` against a real broker: an approval before its
+//! proposal is refused; a refund above the auto-approval limit, proposed from the command
+//! line, waits for approval; an approval for other arguments is refused (non-zero exit); the
+//! approval bound to the hash the processor reported (the same command as the early one) is
+//! recorded and dispatches the refund; running either command again shows the earlier answer
+//! and publishes nothing; one dispatch.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -36,26 +38,6 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
             "run-approve",
         ])
     };
-    // `airlock propose` publishes as an agent would and prints the answer with the hash the
-    // approver is to review.
-    let (ok, out, err) = propose()?;
-    assert!(
-        ok,
-        "a refund above the auto limit waits, it is not refused:\n{out}\n{err}"
-    );
-    assert!(out.contains("PENDING_APPROVAL"), "{out}");
-    let hash = out
-        .lines()
-        .find_map(|l| l.strip_prefix("arguments_hash: "))
-        .expect("the answer names the arguments hash")
-        .to_owned();
-    let proposal_id = out
-        .lines()
-        .find_map(|l| l.split(" as ").nth(1))
-        .and_then(|rest| rest.split(';').next())
-        .expect("the command names the proposal id")
-        .to_owned();
-
     let approve = |hash: &str| {
         a.cli(&[
             "approve",
@@ -73,6 +55,36 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
         ])
     };
 
+    // An approval before the proposal: refused (nothing to approve yet).
+    let expected = airlock_processor::core::canonical::canonicalize(&arguments)?.hash;
+    let (ok, out, err) = approve(&expected)?;
+    assert!(!ok, "nothing waits for approval yet:\n{out}\n{err}");
+    assert!(out.contains("NO_PENDING_APPROVAL"), "{out}\n{err}");
+
+    // `airlock propose` publishes as an agent would and prints the answer with the hash the
+    // approver is to review.
+    let (ok, out, err) = propose()?;
+    assert!(
+        ok,
+        "a refund above the auto limit waits, it is not refused:\n{out}\n{err}"
+    );
+    assert!(out.contains("PENDING_APPROVAL"), "{out}");
+    let hash = out
+        .lines()
+        .find_map(|l| l.strip_prefix("arguments_hash: "))
+        .expect("the answer names the arguments hash")
+        .to_owned();
+    assert_eq!(
+        hash, expected,
+        "the reported hash is the canonical arguments' SHA-256"
+    );
+    let proposal_id = out
+        .lines()
+        .find_map(|l| l.split(" as ").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .expect("the command names the proposal id")
+        .to_owned();
+
     // Other arguments than the ones reported: refused, nothing dispatched.
     let (ok, out, err) = approve(&"0".repeat(64))?;
     assert!(
@@ -81,7 +93,8 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     );
     assert!(out.contains("APPROVAL_HASH_MISMATCH"), "{out}\n{err}");
 
-    // The reported hash: recorded, and the refund is dispatched.
+    // The reported hash: the same command as the refused one above, published again (its
+    // earlier answer was a refusal) and recorded; the refund is dispatched.
     let (ok, out, err) = approve(&hash)?;
     assert!(ok, "the approval must be recorded:\n{out}\n{err}");
     assert!(out.contains("RECORDED APPROVAL_RECORDED"), "{out}");
@@ -104,14 +117,18 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     );
     assert!(out.contains("ACCEPTED APPROVED"), "{out}");
 
-    // The same approval again: decided again and answered after the command, not with the
-    // earlier RECORDED: already counted; still one dispatch.
+    // The same approval again: it was counted, so the command shows that answer and publishes
+    // nothing; still one dispatch.
     let (ok, out, err) = approve(&hash)?;
     assert!(
         ok,
         "a repeated approval is answered, not refused:\n{out}\n{err}"
     );
-    assert!(out.contains("APPROVAL_DUPLICATE"), "{out}");
+    assert!(
+        out.contains("answered before; not published again"),
+        "{out}"
+    );
+    assert!(out.contains("RECORDED APPROVAL_RECORDED"), "{out}");
     // Distinct commands (an outbox resend repeats a command id; it is one command).
     let dispatches: Vec<DispatchCommand> = a
         .read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?

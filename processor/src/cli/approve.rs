@@ -13,7 +13,7 @@ use std::io::Write;
 
 use airlock_schemas::{Approval, ApprovalVerdict, Codec, Verdict};
 
-use super::ask::{self, Repeat, Request};
+use super::ask::{self, Request};
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -53,7 +53,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &args.operation_key,
         payload: Codec::new().encode_single_object(&approval)?,
         reply_to: &approval.approval_id,
-        repeat: Repeat::Answered,
+        done: |d| matches!(d.verdict, Verdict::Recorded | Verdict::Duplicate),
     };
     let answer =
         ask::publish_and_await(&config, "approve", &request, args.common.timeout(), || {
@@ -66,9 +66,9 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
                 approval.approval_id
             )?;
             Ok(())
-        })?
-        .decision;
-    ask::print_answer(out, &answer)?;
+        })?;
+    ask::print_answer(out, &request, &answer)?;
+    let answer = answer.decision;
     anyhow::ensure!(
         matches!(answer.verdict, Verdict::Recorded | Verdict::Duplicate),
         "the processor refused the approval of {}: {}",

@@ -4,7 +4,8 @@
 //! The answer's decisions partition is read from its start, so the fence markers there say
 //! which owner's answer counts; the cost grows with that partition's retention. Every wait is
 //! bounded, and running the same command again is safe: the record's id is derived from its
-//! content, and [`Repeat`] says how the processor treats a repeated id.
+//! content, and an earlier answer that settled it is shown instead of publishing again
+//! ([`Request::done`]).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,28 +45,29 @@ impl Common {
     }
 }
 
-/// Prints the answer: `<key> <VERDICT> <REASON>: <detail>`.
-pub fn print_answer(out: &mut impl Write, answer: &Decision) -> std::io::Result<()> {
+/// Prints the answer: `<key> <VERDICT> <REASON>: <detail>`, after a line saying so when it
+/// was an earlier one.
+pub fn print_answer(
+    out: &mut impl Write,
+    request: &Request<'_>,
+    answer: &Answer,
+) -> std::io::Result<()> {
+    if answer.earlier {
+        writeln!(
+            out,
+            "{} was answered before; not published again",
+            request.reply_to
+        )?;
+    }
+    let d = &answer.decision;
     writeln!(
         out,
         "{} {} {}: {}",
-        answer.operation_key,
-        answer.verdict.as_str(),
-        answer.reason.as_str(),
-        answer.detail
+        d.operation_key,
+        d.verdict.as_str(),
+        d.reason.as_str(),
+        d.detail
     )
-}
-
-/// What the processor does with a request whose id it has seen before.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Repeat {
-    /// It decides it again and answers (approvals, controls): the answer to a repeated command
-    /// is the one that comes after it, not an earlier refusal.
-    Answered,
-    /// It answers nothing (a proposal's producer resend): the latest earlier reply (for a
-    /// proposal, where its intent got to: accepted, approved, expired...) is the answer, and
-    /// the request is not published again.
-    Silent,
 }
 
 /// One request to the processor: an encoded input and the id its answer replies to.
@@ -77,15 +79,19 @@ pub struct Request<'a> {
     pub payload: Vec<u8>,
     /// The id the decision's `in_reply_to` carries.
     pub reply_to: &'a str,
-    pub repeat: Repeat,
+    /// Whether an earlier reply to the same id (the same command run before) already is the
+    /// answer, so the request is not published again: a settlement or an approval that was
+    /// applied, any answer to a proposal (a resend of it is not answered at all). A command
+    /// whose earlier run was refused (the proposal had not arrived, the effect was not
+    /// settleable yet) publishes again and waits for the answer after it.
+    pub done: fn(&Decision) -> bool,
 }
 
 /// The processor's answer to a request.
 #[derive(Debug)]
 pub struct Answer {
     pub decision: Decision,
-    /// Answered before this command ran (a [`Repeat::Silent`] request seen before); nothing was
-    /// published.
+    /// Answered before this command ran (see [`Request::done`]); nothing was published.
     pub earlier: bool,
 }
 
@@ -94,8 +100,8 @@ pub struct Answer {
 /// Where the answer partition ends now is marked with a barrier record; the partition is read
 /// from its start (the fence markers there say which owner's answers count) to that mark, then
 /// the request is published (`published` runs once it is acknowledged) and the first reply
-/// after the mark is the answer. A [`Repeat::Silent`] request already answered before the mark
-/// is not published again.
+/// after the mark is the answer. When the latest reply before the mark is [`Request::done`],
+/// that is the answer and nothing is published.
 pub fn publish_and_await(
     config: &Config,
     role: &str,
@@ -136,13 +142,12 @@ pub fn publish_and_await(
     while replies.at <= mark {
         if let Some((offset, d)) = replies.next(deadline, timeout)?
             && offset < mark
+            && (request.done)(&d)
         {
             earlier = Some(d);
         }
     }
-    if request.repeat == Repeat::Silent
-        && let Some(decision) = earlier
-    {
+    if let Some(decision) = earlier {
         return Ok(Answer {
             decision,
             earlier: true,

@@ -13,7 +13,7 @@ use std::io::Write;
 use airlock_schemas::{Codec, ToolProposal, Verdict};
 use anyhow::Context;
 
-use super::ask::{self, Repeat, Request};
+use super::ask::{self, Request};
 use crate::core::canonical;
 use crate::runtime::topics::Names;
 
@@ -64,7 +64,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &proposal.operation_key,
         payload: Codec::new().encode_single_object(&proposal)?,
         reply_to: &proposal.proposal_id,
-        repeat: Repeat::Silent,
+        done: |_| true,
     };
     let answer =
         ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {
@@ -75,15 +75,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
             )?;
             Ok(())
         })?;
-    if answer.earlier {
-        writeln!(
-            out,
-            "{} was answered before; not published again",
-            proposal.proposal_id
-        )?;
-    }
+    ask::print_answer(out, &request, &answer)?;
     let answer = answer.decision;
-    ask::print_answer(out, &answer)?;
     if let Some(hash) = &answer.arguments_hash {
         writeln!(out, "arguments_hash: {hash}")?;
     }

@@ -12,7 +12,7 @@ use std::io::Write;
 
 use airlock_schemas::{Codec, Control, ControlKind, Reason};
 
-use super::ask::{self, Repeat, Request};
+use super::ask::{self, Request};
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -59,7 +59,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &args.operation_key,
         payload: Codec::new().encode_single_object(&control)?,
         reply_to: &control_id,
-        repeat: Repeat::Answered,
+        done: |d| d.reason == Reason::OperatorSettled,
     };
     let answer =
         ask::publish_and_await(&config, "settle", &request, args.common.timeout(), || {
@@ -70,9 +70,9 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
                 args.operation_key
             )?;
             Ok(())
-        })?
-        .decision;
-    ask::print_answer(out, &answer)?;
+        })?;
+    ask::print_answer(out, &request, &answer)?;
+    let answer = answer.decision;
     anyhow::ensure!(
         answer.reason == Reason::OperatorSettled,
         "the processor did not settle {}: {}",
