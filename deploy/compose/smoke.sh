@@ -39,7 +39,11 @@ airlock() {
   "${compose[@]}" run --rm --no-deps -T processor "$@" --config deploy/config/airlock.toml
 }
 effects_of() {
-  curl -fsS "http://$ledger/v1/stats" | grep -o "\"$1\":[0-9]*" | cut -d: -f2
+  # by_reference: {"<reference>": <effects>}
+  curl -fsS "http://$ledger/v1/stats" | grep -o "\"$1\":[0-9][0-9]*" | head -n 1 | sed 's/.*://'
+}
+committed_once() {
+  test "$(effects_of "$1")" = 1
 }
 
 "${compose[@]}" up -d
@@ -55,8 +59,10 @@ propose() {
 }
 
 small="refund:$run-small"
-propose "$small" 2500 | tee /dev/stderr | grep -q "ACCEPTED AUTO_APPROVED" || fail "the small refund was not accepted"
-wait_for "the small refund committed once on the ledger" 60 test "$(effects_of "$small")" = 1
+answer="$(propose "$small" 2500)"
+echo "$answer"
+echo "$answer" | grep -q "ACCEPTED AUTO_APPROVED" || fail "the small refund was not accepted"
+wait_for "the small refund committed once on the ledger" 60 committed_once "$small"
 
 large="refund:$run-large"
 answer="$(propose "$large" 20000)"
@@ -65,7 +71,7 @@ echo "$answer" | grep -q PENDING_APPROVAL || fail "the large refund does not wai
 hash="$(echo "$answer" | sed -n 's/^arguments_hash: //p')"
 airlock approve "$large" --arguments-hash "$hash" --approver alice --tenant acme \
   --comment "smoke test" || fail "the approval was refused"
-wait_for "the approved refund committed once on the ledger" 60 test "$(effects_of "$large")" = 1
+wait_for "the approved refund committed once on the ledger" 60 committed_once "$large"
 
 airlock replay || fail "the journal does not verify"
 curl -fsS "http://$metrics/metrics" | grep -E '^airlock_decisions_total' | head -5

@@ -30,7 +30,9 @@ rootfs="$context/rootfs"
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/tmp" "$rootfs/srv/airlock/deploy" "$rootfs/etc/ssl/certs" \
   "$context/state/var/lib/airlock" "$context/state/var/lib/ledger"
 for bin in airlock airlock-connector airlock-ledger; do
-  cp "$CARGO_TARGET_DIR/$dir/$bin" "$rootfs/usr/local/bin/$bin"
+  # Without the debug info (the release profile keeps it for benchmarks and profiling):
+  # symbols stay, so backtraces still name functions.
+  objcopy --strip-debug "$CARGO_TARGET_DIR/$dir/$bin" "$rootfs/usr/local/bin/$bin"
   # Every shared library the binary links, at the path the loader expects.
   ldd "$CARGO_TARGET_DIR/$dir/$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
     while read -r lib; do

@@ -3,7 +3,7 @@
 //! line, waits for approval; an approval for other arguments is refused (non-zero exit); the
 //! approval bound to the hash the processor reported (the same command as the early one) is
 //! recorded and dispatches the refund; running either command again shows the earlier answer
-//! and publishes nothing; one dispatch.
+//! and publishes nothing; one dispatch; `airlock replay` verifies the journal.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -136,6 +136,12 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
         .filter(|c| c.operation_key == key)
         .collect();
     assert_eq!(dispatches.len(), 1, "{dispatches:?}");
+
+    // The auditor's replay accepts the dispatch made at the approval quorum: its
+    // APPROVAL_DECIDED event is the durable intent the dispatch topic is checked against.
+    let (ok, out, err) = a.cli(&["replay", "--stall-timeout-seconds", "60"])?;
+    assert!(ok, "the journal verifies:\n{out}\n{err}");
+    assert!(out.contains("1 dispatches checked"), "{out}");
     processor.stop()?;
     Ok(())
 }

@@ -93,8 +93,13 @@ impl Invariants {
             });
         };
         let facts = self.keys.entry(key.clone()).or_default();
+        // The journal event that carries a dispatch's state write is its durable intent: a
+        // DISPATCH_INTENT from a proposal or a retry, or the APPROVAL_DECIDED that completed a
+        // quorum and dispatched (state DISPATCHED).
+        let intent = e.kind == JournalKind::DispatchIntent
+            || (e.kind == JournalKind::ApprovalDecided && e.state == Some(EffectState::Dispatched));
         match e.kind {
-            JournalKind::DispatchIntent => {
+            _ if intent => {
                 if let Some(id) = &e.proposal_id
                     && self.refused.contains(id)
                 {
@@ -206,9 +211,43 @@ fn refusal(v: Verdict) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
+    use std::sync::Arc;
+
+    use airlock_schemas::{ApprovalVerdict, OutcomeKind};
+
     use super::*;
     use crate::audit::replay::tests::event;
+    use crate::core::{self, Input};
+    use crate::sample;
+
+    #[test]
+    fn a_dispatch_at_approval_quorum_is_its_own_intent() {
+        // The reference core's own journal: a refund over the auto limit, approved by alice,
+        // started and committed.
+        let core = Arc::new(sample::reference_core(core::Config::default()).unwrap());
+        let mut task = sample::memory_task(core).unwrap();
+        let now = 1_790_000_000_000;
+        let p = sample::refund("refund:large", 20_000, now);
+        let mut journal = task
+            .handle(&Input::Proposal(p.clone()), now)
+            .unwrap()
+            .journal;
+        let hash = journal[0].arguments_hash.clone().unwrap();
+        let a = sample::approval(&p, &hash, "alice", ApprovalVerdict::Approve, now);
+        let approved = task.handle(&Input::Approval(a), now).unwrap();
+        assert_eq!(approved.dispatches.len(), 1, "the quorum of one dispatches");
+        journal.extend(approved.journal);
+        for kind in [OutcomeKind::AttemptStarted, OutcomeKind::Committed] {
+            let o = sample::outcome(&p.operation_key, 1, kind, "ledger eff_1");
+            journal.extend(task.handle(&Input::Outcome(o), now).unwrap().journal);
+        }
+        let mut inv = Invariants::default();
+        let breaches: Vec<Breach> = journal.iter().flat_map(|e| inv.observe(e)).collect();
+        assert_eq!(breaches, Vec::new());
+        assert!(inv.intended(&p.operation_key, 1));
+    }
 
     #[test]
     fn a_retry_after_a_proven_failure_is_clean() {
