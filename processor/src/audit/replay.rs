@@ -10,10 +10,11 @@
 //!   sequences again under its higher owner epoch. The replay rolls back to that sequence and
 //!   drops the orphans.
 //!
-//! Rolling back needs the recent events: the last `window` to `2 × window` events are kept
-//! applied in the store's staging overlay over a committed base, so memory is bounded by the
-//! projection plus that window. An event is final (counted, checked against the invariants)
-//! when it leaves the window or the replay ends.
+//! Rolling back needs the recent events: each of the last `window` events keeps an undo log
+//! (the rows it overwrote, as they were), so every event is applied once and a rollback
+//! restores those rows in reverse order of application. Memory is bounded by the projection
+//! plus that window. An event is final (counted, checked against the invariants) when it
+//! leaves the window or the replay ends.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -22,7 +23,17 @@ use sha2::{Digest, Sha256};
 
 use super::invariants::{Breach, Invariants};
 use crate::core::{Write, reducer};
+use crate::store::keys::Table;
 use crate::store::{self, MemoryBackend, StateStore, Store};
+
+/// The table and row id a write replaces (as `Store::apply` stores it).
+fn row_of(w: &Write) -> (Table, &str) {
+    match w {
+        Write::Effect { key, .. } => (Table::Effect, key),
+        Write::Proposal { id, .. } => (Table::Proposal, id),
+        Write::Run { run_id, .. } => (Table::Run, run_id),
+    }
+}
 
 /// An anomaly of the journal, with where it was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,12 +192,16 @@ impl Outcome {
 /// Findings kept per partition; the rest are only counted.
 pub const MAX_FINDINGS: usize = 1000;
 
+/// Rows as they were before an event's writes: (full store key, old value).
+type Undo = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 #[derive(Debug)]
 struct Pending {
     offset: i64,
     event: JournalEvent,
     digest: [u8; 32],
-    writes: Vec<Write>,
+    /// The rows the event's writes replaced, as they were (full store key, old value).
+    undo: Undo,
     /// A checkpoint's verdict, decided when it was applied (the projection then).
     checkpoint: Option<Result<(), Finding>>,
 }
@@ -196,7 +211,7 @@ struct Pending {
 pub struct PartitionReplay {
     partition: i32,
     window: usize,
-    /// Final events committed; pending events staged over them.
+    /// The rows of every applied event; pending events are applied in sequence order.
     store: StateStore<MemoryBackend>,
     pending: VecDeque<Pending>,
     next_sequence: i64,
@@ -261,20 +276,32 @@ impl PartitionReplay {
                 sequence: seq,
                 offset,
             });
-            // Applied late, so that one swap does not fail every later checkpoint.
-            let writes = self.writes(offset, &event);
-            self.store.apply(&writes)?;
+            // Put in its place: the later pending events are rolled back, this one applied, and
+            // they are applied again (their checkpoints verified again), so one swap does not
+            // fail every later checkpoint.
             let at = self.pending.partition_point(|p| p.event.sequence < seq);
-            self.pending.insert(
-                at,
-                Pending {
-                    offset,
-                    event,
-                    digest,
-                    writes,
-                    checkpoint: None,
-                },
-            );
+            let later: Vec<Pending> = self.pending.drain(at..).collect();
+            for p in later.iter().rev() {
+                self.undo(&p.undo)?;
+            }
+            let writes = self.writes(offset, &event);
+            let undo = self.apply(&writes)?;
+            self.pending.push_back(Pending {
+                offset,
+                event,
+                digest,
+                undo,
+                checkpoint: None,
+            });
+            for mut p in later {
+                // Their writes were read before (a finding then, if unreadable).
+                let writes = reducer::writes_of(&p.event).unwrap_or_default();
+                p.undo = self.apply(&writes)?;
+                if p.checkpoint.is_some() {
+                    p.checkpoint = Some(self.verify(&p.event, p.offset));
+                }
+                self.pending.push_back(p);
+            }
             return Ok(());
         }
         let newer_owner = self
@@ -355,62 +382,69 @@ impl PartitionReplay {
 
     fn push(&mut self, offset: i64, event: JournalEvent, digest: [u8; 32]) -> store::Result<()> {
         let writes = self.writes(offset, &event);
-        self.store.apply(&writes)?;
-        let checkpoint = (event.kind == JournalKind::Checkpoint).then(|| {
-            let rebuilt = self.store.projection_hash();
-            match &event.projection_hash {
-                Some(recorded) if *recorded == rebuilt => Ok(()),
-                recorded => Err(Finding::CheckpointMismatch {
-                    sequence: event.sequence,
-                    offset,
-                    recorded: recorded.clone().unwrap_or_else(|| "nothing".to_owned()),
-                    rebuilt,
-                }),
-            }
-        });
+        let undo = self.apply(&writes)?;
+        let checkpoint =
+            (event.kind == JournalKind::Checkpoint).then(|| self.verify(&event, offset));
         self.next_sequence = event.sequence + 1;
         self.pending.push_back(Pending {
             offset,
             event,
             digest,
-            writes,
+            undo,
             checkpoint,
         });
-        if self.pending.len() >= 2 * self.window {
-            self.settle_window()?;
+        while self.pending.len() > self.window {
+            let done = self.pending.pop_front().expect("the window is not empty");
+            self.finalize(done);
         }
         Ok(())
     }
 
-    /// Makes the oldest `window` pending events final: the overlay is dropped, they are
-    /// applied and committed, and the rest are staged again.
-    fn settle_window(&mut self) -> store::Result<()> {
-        self.store.discard();
-        let keep = self.pending.len() - self.window;
-        let done: Vec<Pending> = self.pending.drain(..keep).collect();
-        for p in &done {
-            self.store.apply(&p.writes)?;
+    /// A checkpoint's verdict: its recorded projection hash against the projection now.
+    fn verify(&self, event: &JournalEvent, offset: i64) -> Result<(), Finding> {
+        let rebuilt = self.store.projection_hash();
+        match &event.projection_hash {
+            Some(recorded) if *recorded == rebuilt => Ok(()),
+            recorded => Err(Finding::CheckpointMismatch {
+                sequence: event.sequence,
+                offset,
+                recorded: recorded.clone().unwrap_or_else(|| "nothing".to_owned()),
+                rebuilt,
+            }),
         }
+    }
+
+    /// Applies `writes` and commits them; returns the rows they replaced.
+    fn apply(&mut self, writes: &[Write]) -> store::Result<Undo> {
+        let mut undo = Vec::with_capacity(writes.len());
+        for w in writes {
+            let (table, id) = row_of(w);
+            undo.push((
+                table.key(id.as_bytes()),
+                self.store.get_raw(table, id.as_bytes())?,
+            ));
+        }
+        self.store.apply(writes)?;
         self.store.commit()?;
-        for p in done {
-            self.finalize(p);
+        Ok(undo)
+    }
+
+    /// Restores the rows an event replaced.
+    fn undo(&mut self, undo: &Undo) -> store::Result<()> {
+        for (key, old) in undo.iter().rev() {
+            self.store.restore_row(key, old.clone())?;
         }
-        self.restage()
+        self.store.commit()
     }
 
-    /// Drops pending events from index `i` on (a newer owner rewrites them).
+    /// Drops pending events from index `i` on (a newer owner rewrites them), restoring the
+    /// rows they replaced, newest first.
     fn rewind(&mut self, i: usize) -> store::Result<()> {
-        let dropped = self.pending.len() - i;
-        self.pending.truncate(i);
-        self.counts.orphans += dropped as u64;
+        let dropped: Vec<Pending> = self.pending.drain(i..).collect();
+        self.counts.orphans += dropped.len() as u64;
         self.counts.rewinds += 1;
-        self.store.discard();
-        self.restage()
-    }
-
-    fn restage(&mut self) -> store::Result<()> {
-        for p in &self.pending {
-            self.store.apply(&p.writes)?;
+        for p in dropped.iter().rev() {
+            self.undo(&p.undo)?;
         }
         Ok(())
     }
@@ -585,6 +619,44 @@ pub(crate) mod tests {
         assert_eq!(counts.orphans, 2);
         assert_eq!(counts.rewinds, 1);
         assert_eq!(counts.events, events.len() as u64);
+        Ok(())
+    }
+
+    #[test]
+    fn a_late_event_is_put_in_its_place_and_a_later_rollback_keeps_it() -> anyhow::Result<()> {
+        let events = journal(12)?;
+        let n = events.len();
+        let codec = Codec::new();
+        let run = |records: &[JournalEvent]| -> anyhow::Result<Outcome> {
+            let mut r = PartitionReplay::new(0, 8)?;
+            for (offset, e) in records.iter().enumerate() {
+                r.event(offset as i64, &codec.encode_single_object(e)?, e.clone())?;
+            }
+            Ok(r.finish()?)
+        };
+        let clean = run(&events)?;
+        // Sequence n-5 arrives late, after n-3 (n-4 and n-3 are applied again after it).
+        let mut records = events.clone();
+        let late = records.remove(n - 5);
+        records.insert(n - 3, late);
+        // Then a new owner rewrites n-3.. (its predecessor's tail never reached the changelog).
+        for e in &events[n - 3..] {
+            let mut e = e.clone();
+            e.owner_epoch = 2;
+            records.push(e);
+        }
+        let outcome = run(&records)?;
+        assert_eq!(outcome.counts.orphans, 3);
+        assert_eq!(outcome.counts.rewinds, 1);
+        assert!(
+            outcome
+                .findings
+                .iter()
+                .any(|f| matches!(f, Finding::Reordered { .. })),
+            "{:?}",
+            outcome.findings
+        );
+        assert_eq!(outcome.projection, clean.projection);
         Ok(())
     }
 
