@@ -23,17 +23,7 @@ use sha2::{Digest, Sha256};
 
 use super::invariants::{Breach, Invariants};
 use crate::core::{Write, reducer};
-use crate::store::keys::Table;
 use crate::store::{self, MemoryBackend, StateStore, Store};
-
-/// The table and row id a write replaces (as `Store::apply` stores it).
-fn row_of(w: &Write) -> (Table, &str) {
-    match w {
-        Write::Effect { key, .. } => (Table::Effect, key),
-        Write::Proposal { id, .. } => (Table::Proposal, id),
-        Write::Run { run_id, .. } => (Table::Run, run_id),
-    }
-}
 
 /// An anomaly of the journal, with where it was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,7 +183,7 @@ impl Outcome {
 pub const MAX_FINDINGS: usize = 1000;
 
 /// Rows as they were before an event's writes: (full store key, old value).
-type Undo = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+type Undo = store::Replaced;
 
 #[derive(Debug)]
 struct Pending {
@@ -416,15 +406,7 @@ impl PartitionReplay {
 
     /// Applies `writes` and commits them; returns the rows they replaced.
     fn apply(&mut self, writes: &[Write]) -> store::Result<Undo> {
-        let mut undo = Vec::with_capacity(writes.len());
-        for w in writes {
-            let (table, id) = row_of(w);
-            undo.push((
-                table.key(id.as_bytes()),
-                self.store.get_raw(table, id.as_bytes())?,
-            ));
-        }
-        self.store.apply(writes)?;
+        let undo = self.store.apply_replacing(writes)?;
         self.store.commit()?;
         Ok(undo)
     }

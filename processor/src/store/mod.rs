@@ -97,6 +97,9 @@ pub struct StateStore<B> {
 }
 
 pub type MemoryStore = StateStore<MemoryBackend>;
+
+/// Rows as they were before writes replaced them: (full store key, old value).
+pub type Replaced = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 pub type RocksStore = StateStore<RocksBackend>;
 
 impl<B: Backend> StateStore<B> {
@@ -152,8 +155,9 @@ impl<B: Backend> StateStore<B> {
                         target: target_of(table, id),
                     }))
                 };
-                let old_timer = match self.read(key)? {
-                    Some(old) => timer_of(&old)?,
+                let old = self.read(key)?;
+                let old_timer = match &old {
+                    Some(old) => timer_of(old)?,
                     None => None,
                 };
                 let new_timer = match &value {
@@ -161,7 +165,7 @@ impl<B: Backend> StateStore<B> {
                     None => None,
                 };
                 let id = id.to_owned();
-                self.put_projected(table, &id, value, old_timer, new_timer)
+                self.put_projected(table, &id, old.as_deref(), value, old_timer, new_timer)
             }
             Table::Offset | Table::Meta => {
                 self.staged.insert(key.to_vec(), value);
@@ -193,18 +197,70 @@ impl<B: Backend> StateStore<B> {
             .transpose()
     }
 
-    /// Stages one projected row, keeping its timer and the projection hash in step.
+    /// [`Store::apply`], returning the rows the writes replaced as they were (full store key,
+    /// old value): what an auditor's replay keeps to roll the writes back.
+    pub fn apply_replacing(&mut self, writes: &[Write]) -> Result<Replaced> {
+        let mut replaced = Vec::with_capacity(writes.len());
+        self.apply_writes(writes, |key, old| replaced.push((key, old)))?;
+        Ok(replaced)
+    }
+
+    /// Applies `writes`, reading each row once; `replaced(key, old)` sees every row replaced.
+    fn apply_writes(
+        &mut self,
+        writes: &[Write],
+        mut replaced: impl FnMut(Vec<u8>, Option<Vec<u8>>),
+    ) -> Result<()> {
+        for write in writes {
+            let new_timer = write.timer();
+            let due = new_timer.as_ref().map(|t| t.due_at);
+            let (table, id, value) = match write {
+                Write::Effect { key, record } => (
+                    Table::Effect,
+                    key,
+                    record.as_deref().map(|r| codec::encode(r, due)),
+                ),
+                Write::Proposal { id, seen } => (
+                    Table::Proposal,
+                    id,
+                    seen.as_ref().map(|s| codec::encode(s, due)),
+                ),
+                Write::Run { run_id, run } => (
+                    Table::Run,
+                    run_id,
+                    run.as_ref().map(|r| codec::encode(r, due)),
+                ),
+            };
+            let key = table.key(id.as_bytes());
+            let old = self.read(&key)?;
+            // The old row's timer comes from its header: no need to decode the old record.
+            let old_timer = match &old {
+                Some(old) => codec::timer_of(table, id, old)?.map(|due_at| TimerFired {
+                    due_at,
+                    target: target_of(table, id),
+                }),
+                None => None,
+            };
+            self.put_projected(table, id, old.as_deref(), value, old_timer, new_timer)?;
+            replaced(key, old);
+        }
+        Ok(())
+    }
+
+    /// Stages one projected row replacing `old` (as read), keeping its timer and the
+    /// projection hash in step.
     fn put_projected(
         &mut self,
         table: Table,
         id: &str,
+        old: Option<&[u8]>,
         new: Option<Vec<u8>>,
         old_timer: Option<TimerFired>,
         new_timer: Option<TimerFired>,
     ) -> Result<()> {
         let key = table.key(id.as_bytes());
-        if let Some(old) = self.read(&key)? {
-            xor(&mut self.projection, &row_digest(&key, &old));
+        if let Some(old) = old {
+            xor(&mut self.projection, &row_digest(&key, old));
         }
         if let Some(new) = &new {
             xor(&mut self.projection, &row_digest(&key, new));
@@ -238,37 +294,7 @@ impl<B: Backend> StateView for StateStore<B> {
 
 impl<B: Backend> Store for StateStore<B> {
     fn apply(&mut self, writes: &[Write]) -> Result<()> {
-        for write in writes {
-            let new_timer = write.timer();
-            let due = new_timer.as_ref().map(|t| t.due_at);
-            let (table, id, value) = match write {
-                Write::Effect { key, record } => (
-                    Table::Effect,
-                    key,
-                    record.as_deref().map(|r| codec::encode(r, due)),
-                ),
-                Write::Proposal { id, seen } => (
-                    Table::Proposal,
-                    id,
-                    seen.as_ref().map(|s| codec::encode(s, due)),
-                ),
-                Write::Run { run_id, run } => (
-                    Table::Run,
-                    run_id,
-                    run.as_ref().map(|r| codec::encode(r, due)),
-                ),
-            };
-            // The old row's timer comes from its header: no need to decode the old record.
-            let old_timer = match self.read(&table.key(id.as_bytes()))? {
-                Some(old) => codec::timer_of(table, id, &old)?.map(|due_at| TimerFired {
-                    due_at,
-                    target: target_of(table, id),
-                }),
-                None => None,
-            };
-            self.put_projected(table, id, value, old_timer, new_timer)?;
-        }
-        Ok(())
+        self.apply_writes(writes, |_, _| ())
     }
 
     fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>) {
