@@ -24,7 +24,7 @@ use airlock_processor::capability::Refused;
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::telemetry::trace;
 use airlock_schemas::{DispatchCommand, OutcomeKind, ReconcileCommand};
-use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
 use super::check::{Checker, Command};
@@ -93,23 +93,24 @@ impl Handler {
         commit: impl FnOnce() -> bool,
     ) -> Result<Handled> {
         let source = record.source;
-        let tracer = trace::tracer();
-        let span = tracer
-            .span_builder(format!("handle {} command", self.reporter.connector))
-            .with_kind(SpanKind::Consumer)
-            .with_attributes([
-                KeyValue::new("messaging.system", "kafka"),
-                KeyValue::new("messaging.destination.name", source.topic.to_owned()),
-                KeyValue::new(
-                    "messaging.destination.partition.id",
-                    source.partition.to_string(),
-                ),
-                KeyValue::new("messaging.kafka.offset", source.offset),
+        let cx = trace::consume(
+            format!("handle {} command", self.reporter.connector),
+            source.topic,
+            source.partition,
+            source.offset,
+            [
                 KeyValue::new("airlock.connector", self.reporter.connector.clone()),
                 KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
-            ])
-            .start_with_context(&tracer, record.parent);
-        let cx = record.parent.with_span(span);
+            ],
+            record.parent,
+        );
+        // The command's own name, key and epoch, once it is known.
+        let name = |verb: &str, tool: &str, key: &str, epoch: i64| {
+            let span = cx.span();
+            span.update_name(format!("{verb} {tool}"));
+            span.set_attribute(KeyValue::new("airlock.operation_key", key.to_owned()));
+            span.set_attribute(KeyValue::new("airlock.epoch", epoch));
+        };
         let command = match self
             .checker
             .command(source.partition, source.key, source.payload)
@@ -123,23 +124,11 @@ impl Handler {
         };
         let handled = match command {
             Command::Dispatch(cmd) => {
-                let span = cx.span();
-                span.update_name(format!("execute {}", cmd.tool));
-                span.set_attribute(KeyValue::new(
-                    "airlock.operation_key",
-                    cmd.operation_key.clone(),
-                ));
-                span.set_attribute(KeyValue::new("airlock.epoch", cmd.epoch));
+                name("execute", &cmd.tool, &cmd.operation_key, cmd.epoch);
                 self.dispatch(&cx, record, &cmd, started, commit)
             }
             Command::Reconcile(cmd) => {
-                let span = cx.span();
-                span.update_name(format!("reconcile {}", cmd.tool));
-                span.set_attribute(KeyValue::new(
-                    "airlock.operation_key",
-                    cmd.operation_key.clone(),
-                ));
-                span.set_attribute(KeyValue::new("airlock.epoch", cmd.epoch));
+                name("reconcile", &cmd.tool, &cmd.operation_key, cmd.epoch);
                 let handled = self.reconcile(&cx, source.partition, &cmd)?;
                 commit();
                 Ok(handled)

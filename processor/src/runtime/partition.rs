@@ -12,7 +12,7 @@ use std::sync::Arc;
 use airlock_schemas::{
     AnyRecord, ChangelogRecord, Codec, Decision, InputOffset, Reason, StateTable, Verdict,
 };
-use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
 use super::partitioner;
@@ -234,21 +234,14 @@ impl PartitionTask {
         }
         self.counters.inputs += 1;
         self.observed.inputs.push(rec.source);
-        let tracer = trace::tracer();
-        let span = tracer
-            .span_builder(format!("decide {}", source_label(rec.source)))
-            .with_kind(SpanKind::Consumer)
-            .with_attributes([
-                KeyValue::new("messaging.system", "kafka"),
-                KeyValue::new("messaging.destination.name", rec.topic.to_owned()),
-                KeyValue::new(
-                    "messaging.destination.partition.id",
-                    self.partition().to_string(),
-                ),
-                KeyValue::new("messaging.kafka.offset", rec.offset),
-            ])
-            .start_with_context(&tracer, parent);
-        let cx = parent.with_span(span);
+        let cx = trace::consume(
+            format!("decide {}", source_label(rec.source)),
+            rec.topic,
+            self.partition(),
+            rec.offset,
+            [],
+            parent,
+        );
         self.trace_headers = trace::inject(&cx);
         let result = match self.accept(rec) {
             Ok(input) => match self.task.handle(&input, rec.timestamp) {

@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::TraceContextExt;
-use opentelemetry::{Context, global};
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
@@ -39,6 +39,33 @@ pub struct Error {
 /// The tracer every Airlock span is made with.
 pub fn tracer() -> global::BoxedTracer {
     global::tracer(SCOPE)
+}
+
+/// Starts the span of handling one consumed record, a child of `parent` (the context the
+/// record's headers carry), with OpenTelemetry's messaging attributes for Kafka and `extra`;
+/// returns the context holding it (end it with `cx.span().end()`).
+pub fn consume(
+    name: String,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    extra: impl IntoIterator<Item = KeyValue>,
+    parent: &Context,
+) -> Context {
+    let tracer = tracer();
+    let mut attributes = vec![
+        KeyValue::new("messaging.system", "kafka"),
+        KeyValue::new("messaging.destination.name", topic.to_owned()),
+        KeyValue::new("messaging.destination.partition.id", partition.to_string()),
+        KeyValue::new("messaging.kafka.offset", offset),
+    ];
+    attributes.extend(extra);
+    let span = tracer
+        .span_builder(name)
+        .with_kind(SpanKind::Consumer)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, parent);
+    parent.with_span(span)
 }
 
 /// The context a record's headers carry (an empty context when none or an invalid one: the
