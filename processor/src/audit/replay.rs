@@ -10,10 +10,13 @@
 //!   sequences again under its higher owner epoch. The replay rolls back to that sequence and
 //!   drops the orphans.
 //!
+//! The projection is kept as row digests ([`Digests`]): each write is hashed as the live store
+//! held it, straight from the journal's JSON, and only 32 bytes per row are kept.
+//!
 //! Rolling back needs the recent events: each of the last `window` events keeps an undo log
-//! (the rows it overwrote, as they were), so every event is applied once and a rollback
-//! restores those rows in reverse order of application. Memory is bounded by the projection
-//! plus that window. An event is final (counted, checked against the invariants) when it
+//! (the digests of the rows it overwrote, as they were), so every event is applied once and a
+//! rollback restores them in reverse order of application. Memory is bounded by the number of
+//! rows plus that window. An event is final (counted, checked against the invariants) when it
 //! leaves the window or the replay ends.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -22,8 +25,8 @@ use airlock_schemas::{JournalEvent, JournalKind};
 use sha2::{Digest, Sha256};
 
 use super::invariants::{Breach, Invariants};
-use crate::core::{Write, reducer};
-use crate::store::{self, MemoryBackend, StateStore, Store};
+use crate::core::reducer;
+use crate::store::digests::{Digests, Prior};
 
 /// An anomaly of the journal, with where it was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,15 +185,15 @@ impl Outcome {
 /// Findings kept per partition; the rest are only counted.
 pub const MAX_FINDINGS: usize = 1000;
 
-/// Rows as they were before an event's writes: (full store key, old value).
-type Undo = store::Replaced;
+/// Rows as they were before an event's writes, in order of application.
+type Undo = Vec<Prior>;
 
 #[derive(Debug)]
 struct Pending {
     offset: i64,
     event: JournalEvent,
     digest: [u8; 32],
-    /// The rows the event's writes replaced, as they were (full store key, old value).
+    /// The rows the event's writes replaced, as they were.
     undo: Undo,
     /// A checkpoint's verdict, decided when it was applied (the projection then).
     checkpoint: Option<Result<(), Finding>>,
@@ -201,8 +204,9 @@ struct Pending {
 pub struct PartitionReplay {
     partition: i32,
     window: usize,
-    /// The rows of every applied event; pending events are applied in sequence order.
-    store: StateStore<MemoryBackend>,
+    /// The rows of every applied event, as digests; pending events are applied in sequence
+    /// order.
+    projection: Digests,
     pending: VecDeque<Pending>,
     next_sequence: i64,
     /// Sequences not seen yet below `next_sequence`: start -> (end, offset noticed).
@@ -215,18 +219,18 @@ pub struct PartitionReplay {
 impl PartitionReplay {
     /// A replay of `partition` from its first journal event, rolling back at most `window`
     /// events.
-    pub fn new(partition: i32, window: usize) -> store::Result<Self> {
-        Ok(PartitionReplay {
+    pub fn new(partition: i32, window: usize) -> Self {
+        PartitionReplay {
             partition,
             window: window.max(1),
-            store: StateStore::open(MemoryBackend::default())?,
+            projection: Digests::default(),
             pending: VecDeque::new(),
             next_sequence: 0,
             gaps: BTreeMap::new(),
             invariants: Invariants::default(),
             counts: Counts::default(),
             findings: Vec::new(),
-        })
+        }
     }
 
     pub fn partition(&self) -> i32 {
@@ -244,7 +248,7 @@ impl PartitionReplay {
     }
 
     /// Applies one admitted journal event read at `offset`; `payload` is its record value.
-    pub fn event(&mut self, offset: i64, payload: &[u8], event: JournalEvent) -> store::Result<()> {
+    pub fn event(&mut self, offset: i64, payload: &[u8], event: JournalEvent) {
         let digest: [u8; 32] = Sha256::digest(payload).into();
         let seq = event.sequence;
         if seq >= self.next_sequence {
@@ -259,7 +263,7 @@ impl PartitionReplay {
             && self.pending[i].digest == digest
         {
             self.counts.duplicates += 1;
-            return Ok(());
+            return;
         }
         if self.take_gap(seq) {
             self.find(Finding::Reordered {
@@ -272,10 +276,9 @@ impl PartitionReplay {
             let at = self.pending.partition_point(|p| p.event.sequence < seq);
             let later: Vec<Pending> = self.pending.drain(at..).collect();
             for p in later.iter().rev() {
-                self.undo(&p.undo)?;
+                self.undo(&p.undo);
             }
-            let writes = self.writes(offset, &event);
-            let undo = self.apply(&writes)?;
+            let undo = self.apply(offset, &event);
             self.pending.push_back(Pending {
                 offset,
                 event,
@@ -285,14 +288,15 @@ impl PartitionReplay {
             });
             for mut p in later {
                 // Their writes were read before (a finding then, if unreadable).
-                let writes = reducer::writes_of(&p.event).unwrap_or_default();
-                p.undo = self.apply(&writes)?;
+                p.undo = reducer::raw_writes_of(&p.event)
+                    .map(|writes| writes.iter().map(|w| self.projection.apply(w)).collect())
+                    .unwrap_or_default();
                 if p.checkpoint.is_some() {
                     p.checkpoint = Some(self.verify(&p.event, p.offset));
                 }
                 self.pending.push_back(p);
             }
-            return Ok(());
+            return;
         }
         let newer_owner = self
             .pending
@@ -302,8 +306,8 @@ impl PartitionReplay {
             .all(|p| p.event.owner_epoch < event.owner_epoch);
         match at {
             Some(i) if newer_owner => {
-                self.rewind(i)?;
-                self.push(offset, event, digest)
+                self.rewind(i);
+                self.push(offset, event, digest);
             }
             Some(i) => {
                 let first_offset = self.pending[i].offset;
@@ -312,26 +316,23 @@ impl PartitionReplay {
                     offset,
                     first_offset,
                 });
-                Ok(())
             }
             None if newer_owner && self.pending.front().is_none_or(|p| p.event.sequence > seq) => {
                 self.find(Finding::RewindBeyondWindow {
                     sequence: seq,
                     offset,
                 });
-                Ok(())
             }
             None => {
                 // Older than the window and not a newer owner's: a late copy can no longer be
                 // compared; counted, not judged.
                 self.counts.duplicates += 1;
-                Ok(())
             }
         }
     }
 
     /// Ends the replay: every pending event becomes final.
-    pub fn finish(mut self) -> store::Result<Outcome> {
+    pub fn finish(mut self) -> Outcome {
         let pending: Vec<Pending> = self.pending.drain(..).collect();
         for p in pending {
             self.finalize(p);
@@ -341,24 +342,25 @@ impl PartitionReplay {
             self.find(Finding::Missing { from, to, offset });
         }
         self.counts.next_sequence = self.next_sequence;
-        Ok(Outcome {
+        Outcome {
             partition: self.partition,
-            projection: self.store.projection_hash(),
+            projection: self.projection.hash(),
             counts: self.counts,
             findings: self.findings,
             invariants: self.invariants,
-        })
+        }
     }
 
     /// The projection hash of everything applied so far, pending events included.
     pub fn projection_hash(&self) -> String {
-        self.store.projection_hash()
+        self.projection.hash()
     }
 
-    /// The event's state writes; none (and a finding) when the reducer cannot read them.
-    fn writes(&mut self, offset: i64, event: &JournalEvent) -> Vec<Write> {
-        match reducer::writes_of(event) {
-            Ok(w) => w,
+    /// Applies the event's state writes; returns what they replaced. None are applied (and a
+    /// finding is made) when the reducer cannot read them.
+    fn apply(&mut self, offset: i64, event: &JournalEvent) -> Undo {
+        match reducer::raw_writes_of(event) {
+            Ok(writes) => writes.iter().map(|w| self.projection.apply(w)).collect(),
             Err(e) => {
                 self.find(Finding::Unreducible {
                     offset,
@@ -370,9 +372,8 @@ impl PartitionReplay {
         }
     }
 
-    fn push(&mut self, offset: i64, event: JournalEvent, digest: [u8; 32]) -> store::Result<()> {
-        let writes = self.writes(offset, &event);
-        let undo = self.apply(&writes)?;
+    fn push(&mut self, offset: i64, event: JournalEvent, digest: [u8; 32]) {
+        let undo = self.apply(offset, &event);
         let checkpoint =
             (event.kind == JournalKind::Checkpoint).then(|| self.verify(&event, offset));
         self.next_sequence = event.sequence + 1;
@@ -387,12 +388,11 @@ impl PartitionReplay {
             let done = self.pending.pop_front().expect("the window is not empty");
             self.finalize(done);
         }
-        Ok(())
     }
 
     /// A checkpoint's verdict: its recorded projection hash against the projection now.
     fn verify(&self, event: &JournalEvent, offset: i64) -> Result<(), Finding> {
-        let rebuilt = self.store.projection_hash();
+        let rebuilt = self.projection.hash();
         match &event.projection_hash {
             Some(recorded) if *recorded == rebuilt => Ok(()),
             recorded => Err(Finding::CheckpointMismatch {
@@ -404,31 +404,22 @@ impl PartitionReplay {
         }
     }
 
-    /// Applies `writes` and commits them; returns the rows they replaced.
-    fn apply(&mut self, writes: &[Write]) -> store::Result<Undo> {
-        let undo = self.store.apply_replacing(writes)?;
-        self.store.commit()?;
-        Ok(undo)
-    }
-
     /// Restores the rows an event replaced.
-    fn undo(&mut self, undo: &Undo) -> store::Result<()> {
-        for (key, old) in undo.iter().rev() {
-            self.store.restore_row(key, old.clone())?;
+    fn undo(&mut self, undo: &Undo) {
+        for prior in undo.iter().rev() {
+            self.projection.undo(prior);
         }
-        self.store.commit()
     }
 
     /// Drops pending events from index `i` on (a newer owner rewrites them), restoring the
     /// rows they replaced, newest first.
-    fn rewind(&mut self, i: usize) -> store::Result<()> {
+    fn rewind(&mut self, i: usize) {
         let dropped: Vec<Pending> = self.pending.drain(i..).collect();
         self.counts.orphans += dropped.len() as u64;
         self.counts.rewinds += 1;
         for p in dropped.iter().rev() {
-            self.undo(&p.undo)?;
+            self.undo(&p.undo);
         }
-        Ok(())
     }
 
     fn finalize(&mut self, p: Pending) {
@@ -551,12 +542,12 @@ pub(crate) mod tests {
         window: usize,
     ) -> anyhow::Result<(Counts, Vec<Finding>)> {
         let codec = Codec::new();
-        let mut r = PartitionReplay::new(0, window)?;
+        let mut r = PartitionReplay::new(0, window);
         for (offset, e) in records {
             let bytes = codec.encode_single_object(e)?;
-            r.event(*offset, &bytes, e.clone())?;
+            r.event(*offset, &bytes, e.clone());
         }
-        let outcome = r.finish()?;
+        let outcome = r.finish();
         Ok((outcome.counts, outcome.findings))
     }
 
@@ -610,11 +601,11 @@ pub(crate) mod tests {
         let n = events.len();
         let codec = Codec::new();
         let run = |records: &[JournalEvent]| -> anyhow::Result<Outcome> {
-            let mut r = PartitionReplay::new(0, 8)?;
+            let mut r = PartitionReplay::new(0, 8);
             for (offset, e) in records.iter().enumerate() {
-                r.event(offset as i64, &codec.encode_single_object(e)?, e.clone())?;
+                r.event(offset as i64, &codec.encode_single_object(e)?, e.clone());
             }
-            Ok(r.finish()?)
+            Ok(r.finish())
         };
         let clean = run(&events)?;
         // Sequence n-5 arrives late, after n-3 (n-4 and n-3 are applied again after it).

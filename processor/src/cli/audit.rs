@@ -82,12 +82,13 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         .copied()
         .zip(ends(&scanner, &config, args.read.read_only, &wanted, None)?)
         .collect();
-    let mut progress = Progress::new("audit", bounds.iter().map(|(_, b)| b.high - b.low).sum());
+    let progress = Progress::new("audit", bounds.iter().map(|(_, b)| b.high - b.low).sum());
     let mut found: Vec<(i32, i64, JournalEvent)> = Vec::new();
     for (p, b) in bounds {
         let mut history = History::default();
+        let mut cursor = progress.partition(&b);
         scanner.scan(&journal, p, b, |s: Scanned<'_>| -> anyhow::Result<()> {
-            progress.advance(s.offset, &b);
+            cursor.advance(s.offset);
             if s.admit != Admit::Accept {
                 return Ok(());
             }
@@ -102,7 +103,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
             history.read(s.offset, e, wanted);
             Ok(())
         })?;
-        progress.partition_done(&b);
+        drop(cursor);
         found.extend(history.events.into_values().map(|(o, e)| (p, o, e)));
     }
     progress.finish();

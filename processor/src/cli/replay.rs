@@ -10,10 +10,14 @@
 //! change.
 //!
 //! Reads only: it writes nothing and joins no group (offsets are assigned, never committed).
-//! Memory: one partition at a time, its projection plus the rollback window of events.
+//! Partitions are replayed in parallel (`--threads`, default one per CPU), each by its own
+//! reader. Memory: per thread, one partition's projection (a digest per row) plus the rollback
+//! window of events.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_schemas::{Codec, DispatchCommand, JournalEvent, ToolProposal};
@@ -44,6 +48,11 @@ pub struct Args {
     /// Skip checking the dispatch topics against the journal's dispatch intents.
     #[arg(long)]
     pub no_dispatch_check: bool,
+    /// Partitions replayed at once, each by its own thread and reader (default: the number
+    /// of CPUs, at most the number of partitions). Memory grows with it: one projection and
+    /// rollback window per thread.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// What-if: screen the recorded proposals under this candidate policy bundle (a `.cedar`
     /// file, or a directory holding `policies.cedar` and `entities.json`) instead of replaying.
     #[arg(long)]
@@ -124,42 +133,29 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         )?)
         .collect();
     let total: i64 = journal_bounds.iter().map(|(_, b)| b.high - b.low).sum();
-    let mut progress = Progress::new("replay", total);
-    let codec = Codec::new();
-    let mut outcomes = Vec::new();
-    for (p, bounds) in journal_bounds {
-        let mut replay = PartitionReplay::new(p, args.window)?;
-        scanner.scan(
-            &journal,
-            p,
-            bounds,
-            |s: Scanned<'_>| -> anyhow::Result<()> {
-                progress.advance(s.offset, &bounds);
-                match s.admit {
-                    Admit::Marker(_) => {}
-                    Admit::Fenced { .. } => replay.fenced(),
-                    Admit::Accept => {
-                        match s.payload.map(|b| (b, codec.decode_as::<JournalEvent>(b))) {
-                            None => replay.undecodable(s.offset, "no value".to_owned()),
-                            Some((_, Err(e))) => replay.undecodable(s.offset, e.to_string()),
-                            Some((_, Ok(e))) if e.partition != p => replay.undecodable(
-                                s.offset,
-                                format!("the event names partition {}", e.partition),
-                            ),
-                            Some((bytes, Ok(e))) => replay.event(s.offset, bytes, e)?,
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        progress.partition_done(&bounds);
-        let mut outcome = replay.finish()?;
-        for (_, topic, bounds) in dispatch_bounds.iter().filter(|(dp, _, _)| *dp == p) {
-            check_dispatch_topic(&scanner, &codec, topic, p, *bounds, &mut outcome)?;
-        }
-        outcomes.push(outcome);
-    }
+    let progress = Progress::new("replay", total);
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let stall_timeout = scanner.stall_timeout;
+    let outcomes = replay_partitions(
+        &config,
+        &journal,
+        &journal_bounds,
+        Parallel {
+            window: args.window,
+            threads,
+            stall_timeout,
+        },
+        &progress,
+        |scanner, outcome| {
+            let p = outcome.partition;
+            for (_, topic, bounds) in dispatch_bounds.iter().filter(|(dp, _, _)| *dp == p) {
+                check_dispatch_topic(scanner, topic, p, *bounds, outcome)?;
+            }
+            Ok(())
+        },
+    )?;
     progress.finish();
     let findings: u64 = outcomes.iter().map(|o| o.counts.findings).sum();
     if args.read.json {
@@ -178,15 +174,104 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How [`replay_partitions`] spreads its work.
+#[derive(Clone, Copy, Debug)]
+pub struct Parallel {
+    /// Each partition's rollback window (events).
+    pub window: usize,
+    /// Partitions replayed at once (at most the number of partitions).
+    pub threads: usize,
+    pub stall_timeout: Duration,
+}
+
+/// Replays the `journal` partitions within their bounds, `how.threads` at a time, each thread
+/// with its own reader; `then` runs on the partition's thread after its replay (the dispatch
+/// check reads more topics there). Outcomes come back in partition order.
+pub fn replay_partitions(
+    config: &Config,
+    journal: &str,
+    partitions: &[(i32, Bounds)],
+    how: Parallel,
+    progress: &Progress,
+    then: impl Fn(&Scanner<'_>, &mut Outcome) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<Vec<Outcome>> {
+    let threads = how.threads.clamp(1, partitions.len().max(1));
+    let then = &then;
+    let mut outcomes = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || -> anyhow::Result<Vec<Outcome>> {
+                    let consumer = reader(config, "replay")?;
+                    let scanner = Scanner {
+                        consumer: &consumer,
+                        stall_timeout: how.stall_timeout,
+                    };
+                    let mut outcomes = Vec::new();
+                    for &(p, bounds) in partitions.iter().skip(t).step_by(threads) {
+                        let cursor = progress.partition(&bounds);
+                        let mut outcome =
+                            replay_partition(&scanner, journal, p, bounds, how.window, cursor)?;
+                        then(&scanner, &mut outcome)?;
+                        outcomes.push(outcome);
+                    }
+                    Ok(outcomes)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for worker in workers {
+            all.extend(
+                worker
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a replay thread panicked"))??,
+            );
+        }
+        anyhow::Ok(all)
+    })?;
+    outcomes.sort_by_key(|o| o.partition);
+    Ok(outcomes)
+}
+
+/// Replays partition `p` of the journal within `bounds`.
+fn replay_partition(
+    scanner: &Scanner<'_>,
+    journal: &str,
+    p: i32,
+    bounds: Bounds,
+    window: usize,
+    mut cursor: Cursor<'_>,
+) -> anyhow::Result<Outcome> {
+    let codec = Codec::new();
+    let mut replay = PartitionReplay::new(p, window);
+    scanner.scan(journal, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
+        cursor.advance(s.offset);
+        match s.admit {
+            Admit::Marker(_) => {}
+            Admit::Fenced { .. } => replay.fenced(),
+            Admit::Accept => match s.payload.map(|b| (b, codec.decode_as::<JournalEvent>(b))) {
+                None => replay.undecodable(s.offset, "no value".to_owned()),
+                Some((_, Err(e))) => replay.undecodable(s.offset, e.to_string()),
+                Some((_, Ok(e))) if e.partition != p => replay.undecodable(
+                    s.offset,
+                    format!("the event names partition {}", e.partition),
+                ),
+                Some((bytes, Ok(e))) => replay.event(s.offset, bytes, e),
+            },
+        }
+        Ok(())
+    })?;
+    Ok(replay.finish())
+}
+
 /// Every admitted dispatch command of `topic`'s partition `p` must have a journaled intent.
 fn check_dispatch_topic(
     scanner: &Scanner<'_>,
-    codec: &Codec,
     topic: &str,
     p: i32,
     bounds: Bounds,
     outcome: &mut Outcome,
 ) -> anyhow::Result<()> {
+    let codec = Codec::new();
     scanner.scan(topic, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
         if s.admit != Admit::Accept || s.kind != Some(b"dispatch".as_slice()) {
             return Ok(());
@@ -338,13 +423,14 @@ fn what_if(
         )?)
         .collect();
     let total: i64 = bounds.iter().map(|(_, b)| b.high - b.low).sum();
-    let mut progress = Progress::new("what-if", total);
+    let progress = Progress::new("what-if", total);
     let codec = Codec::new();
     let mut whatif = WhatIf::default();
     let mut undecodable = 0u64;
     for (p, b) in bounds {
+        let mut cursor = progress.partition(&b);
         scanner.scan(&topic, p, b, |s: Scanned<'_>| -> anyhow::Result<()> {
-            progress.advance(s.offset, &b);
+            cursor.advance(s.offset);
             if s.kind == Some(wire::BARRIER_KIND.as_bytes()) {
                 return Ok(());
             }
@@ -354,7 +440,6 @@ fn what_if(
             }
             Ok(())
         })?;
-        progress.partition_done(&b);
     }
     progress.finish();
     let bundle = |c: &Core| c.policy().bundle_hash().to_owned();
@@ -463,7 +548,7 @@ pub(super) fn partitions(asked: &[i32], count: i32) -> anyhow::Result<Vec<i32>> 
 }
 
 /// A consumer that only reads assigned partitions (no group membership, no commits).
-pub(super) fn reader(config: &Config, role: &str) -> anyhow::Result<BaseConsumer> {
+pub fn reader(config: &Config, role: &str) -> anyhow::Result<BaseConsumer> {
     config
         .client_config()
         .set("group.id", format!("{}{role}", config.topics.prefix))
@@ -474,59 +559,91 @@ pub(super) fn reader(config: &Config, role: &str) -> anyhow::Result<BaseConsumer
 }
 
 /// Progress on standard error: a line redrawn in place on a terminal, a line every ten
-/// seconds otherwise, nothing for short runs.
-pub(super) struct Progress {
+/// seconds otherwise, nothing for short runs. Shared by the threads reading partitions; each
+/// reads through a [`Cursor`].
+#[derive(Debug)]
+pub struct Progress {
     what: &'static str,
     total: i64,
-    done_before: i64,
-    at: i64,
+    done: AtomicI64,
     started: Instant,
-    shown: Instant,
+    shown: Mutex<Instant>,
     tty: bool,
-    printed: bool,
+    printed: AtomicBool,
+}
+
+/// One partition's read, counted into its [`Progress`]; what it did not reach counts as done
+/// when it is dropped (the partition is finished).
+#[derive(Debug)]
+pub struct Cursor<'p> {
+    progress: &'p Progress,
+    at: i64,
+    high: i64,
+}
+
+impl Cursor<'_> {
+    /// The record at `offset` was read.
+    pub fn advance(&mut self, offset: i64) {
+        let to = (offset + 1).min(self.high);
+        if to > self.at {
+            self.progress.add(to - self.at);
+            self.at = to;
+        }
+    }
+}
+
+impl Drop for Cursor<'_> {
+    fn drop(&mut self) {
+        if self.high > self.at {
+            self.progress.add(self.high - self.at);
+        }
+    }
 }
 
 impl Progress {
-    pub(super) fn new(what: &'static str, total: i64) -> Self {
+    pub fn new(what: &'static str, total: i64) -> Self {
         let now = Instant::now();
         Progress {
             what,
             total: total.max(1),
-            done_before: 0,
-            at: 0,
+            done: AtomicI64::new(0),
             started: now,
-            shown: now,
+            shown: Mutex::new(now),
             tty: std::io::stderr().is_terminal(),
-            printed: false,
+            printed: AtomicBool::new(false),
         }
     }
 
-    pub(super) fn advance(&mut self, offset: i64, bounds: &Bounds) {
-        self.at = offset + 1 - bounds.low;
+    /// A cursor over one partition's `bounds`.
+    pub fn partition(&self, bounds: &Bounds) -> Cursor<'_> {
+        Cursor {
+            progress: self,
+            at: bounds.low,
+            high: bounds.high,
+        }
+    }
+
+    pub fn finish(&self) {
+        if self.printed.load(Ordering::Relaxed) && self.tty {
+            eprintln!();
+        }
+    }
+
+    fn add(&self, records: i64) {
+        let done = self.done.fetch_add(records, Ordering::Relaxed) + records;
         let every = if self.tty {
             Duration::from_millis(250)
         } else {
             Duration::from_secs(10)
         };
-        if self.shown.elapsed() >= every && self.started.elapsed() >= Duration::from_secs(1) {
-            self.shown = Instant::now();
-            self.show();
+        // Whoever holds the lock prints; the others go on reading.
+        let Ok(mut shown) = self.shown.try_lock() else {
+            return;
+        };
+        if shown.elapsed() < every || self.started.elapsed() < Duration::from_secs(1) {
+            return;
         }
-    }
-
-    pub(super) fn partition_done(&mut self, bounds: &Bounds) {
-        self.done_before += bounds.high - bounds.low;
-        self.at = 0;
-    }
-
-    pub(super) fn finish(&mut self) {
-        if self.printed && self.tty {
-            eprintln!();
-        }
-    }
-
-    fn show(&mut self) {
-        let done = self.done_before + self.at;
+        *shown = Instant::now();
         let secs = self.started.elapsed().as_secs_f64().max(0.001);
         let line = format!(
             "{}: {done}/{} records ({:.0}%), {:.0} records/s",
@@ -540,6 +657,6 @@ impl Progress {
         } else {
             eprintln!("{line}");
         }
-        self.printed = true;
+        self.printed.store(true, Ordering::Relaxed);
     }
 }

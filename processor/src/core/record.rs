@@ -115,40 +115,74 @@ pub enum TimerKind {
     Purge,
 }
 
+/// The fields of an [`EffectRecord`] its timer depends on. [`EffectRecord::next_timer`]
+/// computes the timer from them, and a replay deserializes only them from a record's JSON
+/// (unknown fields are skipped), so both read the timer through the same code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub struct TimerFields {
+    pub deadline_at: i64,
+    pub retention_ms: u64,
+    pub state: StateTimes,
+}
+
+/// The state's kind and the times its variants carry, by their field names in [`State`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub struct StateTimes {
+    pub kind: EffectState,
+    pub expires_at: Option<i64>,
+    pub timeout_at: Option<i64>,
+    pub next_reconcile_at: Option<i64>,
+    pub retry_at: Option<i64>,
+    pub settled_at: Option<i64>,
+    pub at: Option<i64>,
+}
+
+impl TimerFields {
+    /// The single timer a record with these fields waits for, if any; `Err` names a time its
+    /// state must carry and does not (a corrupt record).
+    pub fn next_timer(&self) -> Result<Option<(i64, TimerKind)>, &'static str> {
+        let s = &self.state;
+        let purge = |at: i64| {
+            Some((
+                at.saturating_add_unsigned(self.retention_ms),
+                TimerKind::Purge,
+            ))
+        };
+        Ok(match s.kind {
+            EffectState::AwaitingApproval => Some((
+                s.expires_at.ok_or("expires_at")?.min(self.deadline_at),
+                TimerKind::ApprovalExpiry,
+            )),
+            EffectState::Dispatched | EffectState::InFlight => {
+                Some((s.timeout_at.ok_or("timeout_at")?, TimerKind::AttemptTimeout))
+            }
+            EffectState::Unknown => Some((
+                s.next_reconcile_at.ok_or("next_reconcile_at")?,
+                TimerKind::Reconcile,
+            )),
+            EffectState::OperatorRequired => None,
+            EffectState::Failed => match s.retry_at {
+                Some(at) => Some((at, TimerKind::Retry)),
+                None => purge(s.settled_at.ok_or("settled_at")?),
+            },
+            EffectState::Committed => purge(s.settled_at.ok_or("settled_at")?),
+            EffectState::Expired | EffectState::Denied | EffectState::Cancelled => {
+                purge(s.at.ok_or("at")?)
+            }
+        })
+    }
+}
+
 impl EffectRecord {
     /// The single timer this record waits for, if any.
     pub fn next_timer(&self) -> Option<(i64, TimerKind)> {
-        match &self.state {
-            State::AwaitingApproval { expires_at, .. } => Some((
-                (*expires_at).min(self.deadline_at),
-                TimerKind::ApprovalExpiry,
-            )),
-            State::Dispatched { timeout_at, .. } | State::InFlight { timeout_at, .. } => {
-                Some((*timeout_at, TimerKind::AttemptTimeout))
-            }
-            State::Unknown {
-                next_reconcile_at, ..
-            } => Some((*next_reconcile_at, TimerKind::Reconcile)),
-            State::OperatorRequired { .. } => None,
-            State::Failed {
-                retry_at: Some(at), ..
-            } => Some((*at, TimerKind::Retry)),
-            State::Failed {
-                settled_at,
-                retry_at: None,
-                ..
-            }
-            | State::Committed { settled_at, .. } => Some((
-                settled_at.saturating_add_unsigned(self.retention_ms),
-                TimerKind::Purge,
-            )),
-            State::Expired { at } | State::Denied { at, .. } | State::Cancelled { at, .. } => {
-                Some((
-                    at.saturating_add_unsigned(self.retention_ms),
-                    TimerKind::Purge,
-                ))
-            }
+        TimerFields {
+            deadline_at: self.deadline_at,
+            retention_ms: self.retention_ms,
+            state: self.state.times(),
         }
+        .next_timer()
+        .expect("a typed state carries every time its timer needs")
     }
 
     /// The Avro-facing name of the state.
@@ -170,6 +204,42 @@ impl EffectRecord {
 }
 
 impl State {
+    /// The times of this state its timer is computed from.
+    fn times(&self) -> StateTimes {
+        let mut t = StateTimes {
+            kind: self.effect_state(),
+            expires_at: None,
+            timeout_at: None,
+            next_reconcile_at: None,
+            retry_at: None,
+            settled_at: None,
+            at: None,
+        };
+        match *self {
+            State::AwaitingApproval { expires_at, .. } => t.expires_at = Some(expires_at),
+            State::Dispatched { timeout_at, .. } | State::InFlight { timeout_at, .. } => {
+                t.timeout_at = Some(timeout_at);
+            }
+            State::Unknown {
+                next_reconcile_at, ..
+            } => t.next_reconcile_at = Some(next_reconcile_at),
+            State::OperatorRequired { .. } => {}
+            State::Failed {
+                settled_at,
+                retry_at,
+                ..
+            } => {
+                t.settled_at = Some(settled_at);
+                t.retry_at = retry_at;
+            }
+            State::Committed { settled_at, .. } => t.settled_at = Some(settled_at),
+            State::Expired { at } | State::Denied { at, .. } | State::Cancelled { at, .. } => {
+                t.at = Some(at);
+            }
+        }
+        t
+    }
+
     pub fn effect_state(&self) -> EffectState {
         match self {
             State::AwaitingApproval { .. } => EffectState::AwaitingApproval,

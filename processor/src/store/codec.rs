@@ -15,17 +15,36 @@ use super::{Error, Result};
 /// The current value format. Never reuse a retired number.
 pub const VALUE_FORMAT: u8 = 1;
 
+/// The bytes a value starts with: the format and the row's timer.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    bytes: [u8; 10],
+    len: usize,
+}
+
+impl Header {
+    pub fn new(timer: Option<i64>) -> Self {
+        let mut bytes = [0; 10];
+        bytes[0] = VALUE_FORMAT;
+        match timer {
+            Some(due) => {
+                bytes[1] = 1;
+                bytes[2..].copy_from_slice(&due.to_be_bytes());
+                Header { bytes, len: 10 }
+            }
+            None => Header { bytes, len: 2 },
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// Encodes a record and the due time of its timer, if it has one.
 pub fn encode<T: Serialize>(value: &T, timer: Option<i64>) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    out.push(VALUE_FORMAT);
-    match timer {
-        Some(due) => {
-            out.push(1);
-            out.extend_from_slice(&due.to_be_bytes());
-        }
-        None => out.push(0),
-    }
+    out.extend_from_slice(Header::new(timer).as_bytes());
     serde_json::to_writer(&mut out, value)
         .expect("records are plain data with string keys: serializing them cannot fail");
     out

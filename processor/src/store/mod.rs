@@ -5,12 +5,14 @@
 //! # Layout
 //! - [`keys`]: table prefixes and order-preserving key encodings.
 //! - [`codec`]: the value format (a version byte, the row's timer, then the record).
+//! - [`digests`]: a projection kept as row digests only (an auditor's replay).
 //! - [`memory`]: an in-memory backend (tests, simulation).
 //! - [`rocks`]: the RocksDB backend (production).
 //!
 //! Both backends run through the same typed layer, [`StateStore`], and the same tests.
 
 pub mod codec;
+pub mod digests;
 pub mod keys;
 pub mod memory;
 pub mod rocks;
@@ -98,8 +100,6 @@ pub struct StateStore<B> {
 
 pub type MemoryStore = StateStore<MemoryBackend>;
 
-/// Rows as they were before writes replaced them: (full store key, old value).
-pub type Replaced = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 pub type RocksStore = StateStore<RocksBackend>;
 
 impl<B: Backend> StateStore<B> {
@@ -197,20 +197,8 @@ impl<B: Backend> StateStore<B> {
             .transpose()
     }
 
-    /// [`Store::apply`], returning the rows the writes replaced as they were (full store key,
-    /// old value): what an auditor's replay keeps to roll the writes back.
-    pub fn apply_replacing(&mut self, writes: &[Write]) -> Result<Replaced> {
-        let mut replaced = Vec::with_capacity(writes.len());
-        self.apply_writes(writes, |key, old| replaced.push((key, old)))?;
-        Ok(replaced)
-    }
-
-    /// Applies `writes`, reading each row once; `replaced(key, old)` sees every row replaced.
-    fn apply_writes(
-        &mut self,
-        writes: &[Write],
-        mut replaced: impl FnMut(Vec<u8>, Option<Vec<u8>>),
-    ) -> Result<()> {
+    /// Applies `writes`, reading each row once.
+    fn apply_writes(&mut self, writes: &[Write]) -> Result<()> {
         for write in writes {
             let new_timer = write.timer();
             let due = new_timer.as_ref().map(|t| t.due_at);
@@ -242,7 +230,6 @@ impl<B: Backend> StateStore<B> {
                 None => None,
             };
             self.put_projected(table, id, old.as_deref(), value, old_timer, new_timer)?;
-            replaced(key, old);
         }
         Ok(())
     }
@@ -260,10 +247,10 @@ impl<B: Backend> StateStore<B> {
     ) -> Result<()> {
         let key = table.key(id.as_bytes());
         if let Some(old) = old {
-            xor(&mut self.projection, &row_digest(&key, old));
+            xor(&mut self.projection, &row_digest(&key, &[old]));
         }
         if let Some(new) = &new {
-            xor(&mut self.projection, &row_digest(&key, new));
+            xor(&mut self.projection, &row_digest(&key, &[new]));
         }
         if old_timer != new_timer {
             if let Some(t) = old_timer {
@@ -294,7 +281,7 @@ impl<B: Backend> StateView for StateStore<B> {
 
 impl<B: Backend> Store for StateStore<B> {
     fn apply(&mut self, writes: &[Write]) -> Result<()> {
-        self.apply_writes(writes, |_, _| ())
+        self.apply_writes(writes)
     }
 
     fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>) {
@@ -366,11 +353,15 @@ fn into_core(e: Error) -> core::Error {
     core::Error::State(Box::new(e))
 }
 
-fn row_digest(key: &[u8], value: &[u8]) -> [u8; 32] {
+/// A row's share of the projection hash: SHA-256 of the key's length, the key and the value
+/// (given in `parts`, concatenated). Changing it changes every recorded projection hash.
+fn row_digest(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update((key.len() as u64).to_be_bytes());
     h.update(key);
-    h.update(value);
+    for part in parts {
+        h.update(part);
+    }
     h.finalize().into()
 }
 
