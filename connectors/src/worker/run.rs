@@ -320,6 +320,8 @@ fn run_loop(
             (c.session_timeout_ms / 4).max(250).to_string(),
         )
         .set("enable.partition.eof", "false");
+    // A dispatch command waits in no batch: fetch it as soon as the broker has it.
+    config.kafka.fetch_wait(&mut consumer_config, 20);
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     consumer.subscribe(&[dispatch.as_str()])?;
 

@@ -3,11 +3,12 @@
 //!
 //! 1. **pass-through**: a consumer group member that reads the proposals and, per batch (same
 //!    size and flush interval), produces as many records per input as the processor does, with
-//!    the same producer (idempotent, acks=all, lz4), and waits for the acknowledgements;
+//!    the same producer (idempotent, acks=all, lz4) and the same number of batches in flight
+//!    (`batch.max_in_flight`), waiting for the acknowledgements as the processor does;
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
 //! 3. **processor, duplicates**: the same N proposals again (producer resends);
-//! 4. **latency**: proposals produced at half the processor's fresh rate; p50/p99 from produce
-//!    to the decision being readable.
+//! 4. **latency**: proposals produced at half the processor's fresh rate, on fresh topics and
+//!    state; p50/p99 from produce to the decision being readable.
 //!
 //! ```sh
 //! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::cli::run::load_core;
 use airlock_processor::runtime::config::Config;
+use airlock_processor::runtime::flight::Flights;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::run;
@@ -62,6 +64,7 @@ fn now_ms() -> i64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    airlock_processor::runtime::logging::init("bench");
     // The processor's environment overrides apply (AIRLOCK_STATE_SYNC, AIRLOCK_BATCH_*, ...);
     // the arguments below win over them.
     let mut config = Config::default();
@@ -114,8 +117,16 @@ fn main() -> anyhow::Result<()> {
         "processor dups    {dup_rate:>9.0} proposals/s  ratio {:.2}",
         dup_rate / pass_rate
     );
-    // 4. Latency at half the fresh rate.
+    // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
+    // phases above dispatched time out (no connector runs here) and must not fire meanwhile.
     let rate = (fresh_rate / 2.0).max(100.0);
+    let mut config = config.clone();
+    config.topics.prefix = format!("bench-{:x}-latency.", now_ms());
+    let latency_state = tempfile::tempdir()?;
+    config.state.dir = latency_state.path().to_owned();
+    let names = Names::new(&config.topics.prefix);
+    let plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
+    rt.block_on(topics::create(&config, &plan, Duration::from_secs(30)))?;
     let (p50, p99, count) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
         "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)"
@@ -181,28 +192,45 @@ fn run_processor(
         .set("group.id", "bench-watch")
         .create()?;
     let parts = config.topics.partitions;
-    let before = topic_size(&watcher, &names.decisions(), parts)?;
+    let decisions = names.decisions();
+    let before = topic_size(&watcher, &decisions, parts)?;
     let shutdown = Arc::new(AtomicBool::new(false));
     let flag = shutdown.clone();
     let cfg = config.clone();
     let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
+    // tansu 0.6 reports a high watermark that stops inside the last batch produced: when the
+    // count stalls, a barrier record on every decisions partition (skipped by readers) moves
+    // it past the batch. The barriers are not counted as decisions.
+    let producer = Producer::new(&config.client_config(), 0)?;
+    let mut barriers = 0i64;
     // The clock starts at the first new decision (after the partitions were claimed).
     let target_new = new_decisions as i64;
     let mut started = None;
+    let mut last = (0i64, Instant::now());
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let size = topic_size(&watcher, &names.decisions(), parts)? - before;
+        let size = topic_size(&watcher, &decisions, parts)? - before - barriers;
         if started.is_none() && size > i64::from(parts) {
             started = Some((Instant::now(), size));
         }
         if size >= target_new + i64::from(parts) {
             break;
         }
+        if size != last.0 {
+            last = (size, Instant::now());
+        } else if started.is_some() && last.1.elapsed() >= Duration::from_millis(100) {
+            let marks: Vec<OutRecord> = (0..parts)
+                .map(|p| OutRecord::barrier(&decisions, p))
+                .collect();
+            producer.send_phased(&marks)?;
+            barriers += i64::from(parts);
+            last.1 = Instant::now();
+        }
         anyhow::ensure!(
             Instant::now() < deadline,
             "processor too slow: {size} decisions"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     let (t0, s0) = started.context("no decision seen")?;
     let elapsed = t0.elapsed().as_secs_f64();
@@ -235,6 +263,8 @@ fn pass_through(
     let out_topic = format!("{}passthrough", config.topics.prefix);
     let mut consumed = 0usize;
     let mut owed = 0.0f64;
+    let mut flights = Flights::default();
+    let mut seq = 0u64;
     let mut started = None;
     let deadline = Instant::now() + Duration::from_secs(600);
     while consumed < total {
@@ -265,19 +295,27 @@ fn pass_through(
             owed += per_input;
             while owed >= 1.0 {
                 owed -= 1.0;
-                out.push(OutRecord {
-                    topic: out_topic.clone(),
-                    partition: *p,
-                    key: k.clone(),
-                    value: v.clone(),
-                    headers: wire::identity("bench", &i.to_string(), *p, 1),
-                    phase: 0,
-                });
+                out.push((
+                    seq,
+                    OutRecord {
+                        topic: out_topic.clone(),
+                        partition: *p,
+                        key: k.clone(),
+                        value: v.clone(),
+                        headers: wire::identity("bench", &i.to_string(), *p, 1),
+                        phase: 0,
+                    },
+                ));
+                seq += 1;
             }
         }
-        producer.send_phased(&out)?;
+        if !out.is_empty() {
+            flights.send(&producer, vec![(0, out)])?;
+        }
+        flights.advance(&producer, config.batch.max_in_flight)?;
         consumed += batch.len();
     }
+    flights.advance(&producer, 0)?;
     let elapsed = started.context("nothing consumed")?.elapsed().as_secs_f64();
     Ok(total as f64 / elapsed)
 }
@@ -299,6 +337,7 @@ fn latency(
         .client_config()
         .set("group.id", "bench-latency")
         .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..config.topics.partitions {
@@ -342,10 +381,22 @@ fn latency(
     let mut hist = Histogram::<u64>::new(3)?;
     let deadline = Instant::now() + Duration::from_secs(seconds + 60);
     let codec = Codec::new();
+    // The last decisions stay behind tansu's high watermark until something follows them: once
+    // the sender is done and the reader quiet, barriers (skipped) follow them.
+    let marker = Producer::new(&config.client_config(), 0)?;
+    let mut quiet_since = Instant::now();
     while (hist.len() as usize) < total && Instant::now() < deadline {
-        let Some(m) = reader.poll(Duration::from_millis(50)) else {
+        let Some(m) = reader.poll(Duration::from_millis(20)) else {
+            if sender.is_finished() && quiet_since.elapsed() >= Duration::from_millis(100) {
+                let marks: Vec<OutRecord> = (0..config.topics.partitions)
+                    .map(|p| OutRecord::barrier(&names.decisions(), p))
+                    .collect();
+                marker.send_phased(&marks)?;
+                quiet_since = Instant::now();
+            }
             continue;
         };
+        quiet_since = Instant::now();
         let m = m?;
         let Some(payload) = m.payload() else { continue };
         let Ok(d) = codec.decode_as::<Decision>(payload) else {

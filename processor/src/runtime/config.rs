@@ -11,6 +11,7 @@
 //! | `state.dir` | `AIRLOCK_STATE_DIR` | `./airlock-state` |
 //! | `batch.max_records` | `AIRLOCK_BATCH_MAX_RECORDS` | `500` |
 //! | `batch.flush_interval_ms` | `AIRLOCK_BATCH_FLUSH_INTERVAL_MS` | `20` |
+//! | `batch.max_in_flight` | `AIRLOCK_BATCH_MAX_IN_FLIGHT` | `4` |
 //! | `state.sync` | `AIRLOCK_STATE_SYNC` | `true` |
 //! | `tools.registry`, `tools.policies`, `tools.entities` | `AIRLOCK_REGISTRY`, `AIRLOCK_POLICIES`, `AIRLOCK_ENTITIES` | `deploy/config/...` |
 //! | `processor.instance` | `AIRLOCK_INSTANCE` | `<hostname>-<pid>` |
@@ -216,6 +217,10 @@ pub struct Batch {
     pub max_records: usize,
     /// A batch closes after this long even if not full: bounds added latency.
     pub flush_interval_ms: u64,
+    /// Sealed batches whose records may still be on their way to the broker while the next
+    /// batch is read and decided (0: wait for each batch's acknowledgements before reading
+    /// on). Each holds its records in memory until the broker acknowledged them.
+    pub max_in_flight: usize,
 }
 
 impl Default for Batch {
@@ -223,6 +228,7 @@ impl Default for Batch {
         Batch {
             max_records: 500,
             flush_interval_ms: 20,
+            max_in_flight: 4,
         }
     }
 }
@@ -287,6 +293,17 @@ where
 }
 
 impl Kafka {
+    /// Sets a consumer's `fetch.wait.max.ms` to `ms` unless `properties` names it. A consumer
+    /// that batches over `ms` gains nothing from a fetch held longer, and a broker that answers
+    /// a fetch only when its wait runs out (tansu 0.6 does, even with records waiting) would
+    /// add the librdkafka default of 500 ms to every input. Kafka answers as soon as records
+    /// arrive, so there it only bounds how long an idle fetch is held.
+    pub fn fetch_wait(&self, consumer: &mut rdkafka::ClientConfig, ms: u64) {
+        if !self.properties.contains_key("fetch.wait.max.ms") {
+            consumer.set("fetch.wait.max.ms", ms.max(1).to_string());
+        }
+    }
+
     /// `AIRLOCK_KAFKA_BROKERS` and `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`), for every Airlock
     /// process that talks to the cluster.
     pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
@@ -354,6 +371,9 @@ impl Config {
         }
         if let Some(v) = lookup("AIRLOCK_BATCH_FLUSH_INTERVAL_MS") {
             self.batch.flush_interval_ms = env_value("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_BATCH_MAX_IN_FLIGHT") {
+            self.batch.max_in_flight = env_value("AIRLOCK_BATCH_MAX_IN_FLIGHT", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_REGISTRY") {
             self.tools.registry = PathBuf::from(v);

@@ -8,6 +8,7 @@
 //!   consumer-side fence filter.
 //! - [`partition`]: one partition's task: decode or dead-letter, decide, seal a batch.
 //! - [`produce`]: the idempotent producer and phase-ordered, acknowledged sends.
+//! - [`flight`]: sealed batches on their way to the broker, pipelined behind the next ones.
 //! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
 //! - [`run`]: `airlock run`, the consumer-group batch loop.
 //! - [`scan`]: read-only, fence-filtered reads of an output partition (replay, audit).
@@ -16,6 +17,7 @@
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
 pub mod config;
+pub mod flight;
 pub mod logging;
 pub mod partition;
 pub mod partitioner;

@@ -6,11 +6,15 @@
 //! an explicit partition on every record (the task's own: every topic is co-partitioned).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
 
 use super::partitioner::LIBRDKAFKA_PARTITIONER;
 use super::wire::OutRecord;
@@ -53,6 +57,40 @@ impl Span {
 }
 
 impl Acked {
+    /// Adds `other`'s offsets to these.
+    pub fn merge(&mut self, other: &Acked) {
+        for (k, s) in &other.spans {
+            self.spans
+                .entry(k.clone())
+                .and_modify(|t| {
+                    t.lowest = t.lowest.min(s.lowest);
+                    t.highest = t.highest.max(s.highest);
+                    t.count += s.count;
+                })
+                .or_insert(*s);
+        }
+    }
+
+    fn add(&mut self, topic: &str, partition: i32, offset: i64) {
+        match self.spans.get_mut(&(topic.to_owned(), partition)) {
+            Some(s) => {
+                s.lowest = s.lowest.min(offset);
+                s.highest = s.highest.max(offset);
+                s.count += 1;
+            }
+            None => {
+                self.spans.insert(
+                    (topic.to_owned(), partition),
+                    Span {
+                        lowest: offset,
+                        highest: offset,
+                        count: 1,
+                    },
+                );
+            }
+        }
+    }
+
     /// The highest acknowledged offset of `topic`'s `partition`.
     pub fn offset_of(&self, topic: &str, partition: i32) -> Option<i64> {
         self.span(topic, partition).map(|s| s.highest)
@@ -109,12 +147,16 @@ impl Producer {
             if batch.is_empty() {
                 continue;
             }
-            self.send_all(&batch, &mut acked)?;
+            let mut flight = self.send(&batch)?;
+            flight.wait(self)?;
+            acked.merge(&flight.acked);
         }
         Ok(acked)
     }
 
-    fn send_all(&self, records: &[&OutRecord], acked: &mut Acked) -> Result<()> {
+    /// Hands every record to the producer without waiting for the broker; the returned
+    /// [`InFlight`] learns their acknowledgements.
+    pub fn send(&self, records: &[&OutRecord]) -> Result<InFlight> {
         let mut pending = Vec::with_capacity(records.len());
         for r in records {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
@@ -157,43 +199,12 @@ impl Producer {
                     }
                 }
             };
-            pending.push((r, future));
+            pending.push((r.topic.clone(), r.partition, future));
         }
-        self.runtime.block_on(async {
-            for (r, future) in pending {
-                let delivery = match future.await {
-                    Ok(Ok(d)) => d,
-                    Ok(Err((source, _))) => {
-                        return Err(Error::Delivery {
-                            topic: r.topic.clone(),
-                            partition: r.partition,
-                            source,
-                        });
-                    }
-                    Err(_cancelled) => {
-                        return Err(Error::Delivery {
-                            topic: r.topic.clone(),
-                            partition: r.partition,
-                            source: rdkafka::error::KafkaError::Canceled,
-                        });
-                    }
-                };
-                let o = delivery.offset;
-                acked
-                    .spans
-                    .entry((r.topic.clone(), delivery.partition))
-                    .and_modify(|s| {
-                        s.lowest = s.lowest.min(o);
-                        s.highest = s.highest.max(o);
-                        s.count += 1;
-                    })
-                    .or_insert(Span {
-                        lowest: o,
-                        highest: o,
-                        count: 1,
-                    });
-            }
-            Ok(())
+        Ok(InFlight {
+            pending,
+            next: 0,
+            acked: Acked::default(),
         })
     }
 
@@ -204,5 +215,101 @@ impl Producer {
             partition: -1,
             source,
         })
+    }
+}
+
+/// Records handed to the producer, awaiting their acknowledgements. Delivery reports arrive on
+/// the producer's own thread; [`poll`](Self::poll) collects those already in without waiting,
+/// [`wait`](Self::wait) waits for the rest.
+pub struct InFlight {
+    /// (topic, partition, delivery) in send order.
+    pending: Vec<(String, i32, DeliveryFuture)>,
+    /// Every delivery before this index is acknowledged and counted in `acked`.
+    next: usize,
+    acked: Acked,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("records", &self.pending.len())
+            .field("acknowledged", &self.next)
+            .finish()
+    }
+}
+
+impl InFlight {
+    /// Collects the acknowledgements that arrived, without waiting; true once every record is
+    /// acknowledged. The first failed delivery is the error.
+    pub fn poll(&mut self) -> Result<bool> {
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Some((topic, partition, future)) = self.pending.get_mut(self.next) {
+            match Pin::new(future).poll(&mut cx) {
+                Poll::Pending => return Ok(false),
+                Poll::Ready(delivered) => {
+                    let offset = delivered_offset(topic, *partition, delivered)?;
+                    self.acked.add(topic, *partition, offset);
+                    self.next += 1;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits until every record is acknowledged; the first failed delivery is the error.
+    pub fn wait(&mut self, producer: &Producer) -> Result<()> {
+        if self.poll()? {
+            return Ok(());
+        }
+        producer.runtime.block_on(async {
+            while let Some((topic, partition, future)) = self.pending.get_mut(self.next) {
+                let delivered = future.await;
+                let offset = delivered_offset(topic, *partition, delivered)?;
+                self.acked.add(topic, *partition, offset);
+                self.next += 1;
+            }
+            Ok(())
+        })
+    }
+
+    /// Where the acknowledged records landed (complete once `poll` returned true or `wait`
+    /// returned).
+    pub fn acked(&self) -> &Acked {
+        &self.acked
+    }
+
+    /// The acknowledged offsets, once every record is acknowledged.
+    pub fn into_acked(self) -> Acked {
+        self.acked
+    }
+
+    /// Records sent.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+/// The offset a delivery report names; `Err(_)` is a report the producer dropped (closed).
+fn delivered_offset<E>(
+    topic: &str,
+    partition: i32,
+    delivered: std::result::Result<OwnedDeliveryResult, E>,
+) -> Result<i64> {
+    match delivered {
+        Ok(Ok(d)) => Ok(d.offset),
+        Ok(Err((source, _))) => Err(Error::Delivery {
+            topic: topic.to_owned(),
+            partition,
+            source,
+        }),
+        Err(_) => Err(Error::Delivery {
+            topic: topic.to_owned(),
+            partition,
+            source: rdkafka::error::KafkaError::Canceled,
+        }),
     }
 }

@@ -6,14 +6,17 @@
 //! 2. each record goes to its partition's task (decide or dead-letter; offset staged);
 //! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
 //!    RocksDB `WriteBatch` with state, offsets and outbox;
-//! 4. the outbox is produced (phase 0, then the changelog) and waited for; acknowledged
-//!    entries are marked done with the next batch;
+//! 4. the outbox is produced: the batch's outputs at once, its changelog once they are
+//!    acknowledged, while the next batches are read and decided (at most
+//!    `batch.max_in_flight` batches wait; see [`flight`](super::flight)); entries whose
+//!    changelog is acknowledged are marked done with the next batch;
 //! 5. the offsets are committed to the group, for lag monitoring only.
 //!
 //! Rebalances happen inside `poll` (step 1), between batches: on assignment each partition is
 //! claimed (`restore`) and the consumer is positioned at the offsets stored with the state; on
-//! revocation the tasks are dropped with whatever they had not sealed, and nothing more leaves
-//! them. The group uses the `range` assignor, which keeps partition `p` of every input topic on
+//! revocation every sealed batch still in flight is waited for (its outputs and changelog
+//! acknowledged), then the tasks are dropped with whatever they had not sealed, and nothing
+//! more leaves them. The group uses the `range` assignor, which keeps partition `p` of every input topic on
 //! one instance (they all have the same partition count); an assignment that breaks this is
 //! refused.
 //!
@@ -32,12 +35,12 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::config::Config;
+use super::flight::{Done, Flights};
 use super::partition::{self, InputRecord, PartitionTask, Position, Source};
 use super::produce::{self, Producer};
 use super::restore::{self, Claim};
 use super::telemetry::{LAG_INTERVAL, Telemetry};
 use super::topics::{self, Names};
-use super::wire::OutRecord;
 use crate::core::Core;
 use crate::store::RocksOptions;
 use crate::telemetry::{server, trace};
@@ -85,6 +88,8 @@ pub struct Summary {
 
 struct Shared {
     tasks: BTreeMap<i32, PartitionTask>,
+    /// Sealed batches whose records are still on their way to the broker.
+    flights: Flights,
     /// A failure inside a rebalance callback, raised by the loop after `poll` returns.
     fatal: Option<Error>,
     claims: u64,
@@ -135,6 +140,11 @@ impl ConsumerContext for Ctx {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
+        // Whatever the tasks sealed leaves before they are dropped or claimed again.
+        if let Err(e) = shared.flights.advance(&self.claim.producer, 0) {
+            log::error!("flushing the batches in flight: {e}");
+            shared.fatal.get_or_insert(e.into());
+        }
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 if let Err(e) = self.assign(consumer, &mut shared, tpl) {
@@ -230,6 +240,20 @@ impl Ctx {
         }
         consumer.assign(&assignment)?;
         Ok(())
+    }
+}
+
+/// Marks done, in each task still owned, what the completed batches sealed.
+fn acknowledge(shared: &mut Shared, done: Vec<Done>, names: &Names, telemetry: &Telemetry) {
+    let changelog = names.changelog();
+    for batch in done {
+        for (p, seqs) in &batch.sequences {
+            telemetry.outbox_backlog.set(&[&p.to_string()], 0.0);
+            // The task may have been revoked meanwhile: its next owner resends.
+            if let Some(task) = shared.tasks.get_mut(p) {
+                task.acknowledged(seqs, batch.changelog.span(&changelog, *p));
+            }
+        }
     }
 }
 
@@ -364,6 +388,7 @@ fn run_loop(
     });
     let shared = Arc::new(Mutex::new(Shared {
         tasks: BTreeMap::new(),
+        flights: Flights::default(),
         fatal: None,
         claims: 0,
     }));
@@ -400,6 +425,9 @@ fn run_loop(
             "statistics.interval.ms",
             LAG_INTERVAL.as_millis().to_string(),
         );
+    config
+        .kafka
+        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
     // No static membership (group.instance.id): tansu 0.6 revokes a static member's assignment
     // right after it is given and never assigns again (seen here with librdkafka 2.12).
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
@@ -500,9 +528,10 @@ fn run_loop(
             return Err(e);
         }
 
+        let t_decided = Instant::now();
         // 3. Timers, checkpoints, seal.
         let now = wall_ms();
-        let mut out: Vec<(i32, Vec<(u64, OutRecord)>)> = Vec::new();
+        let mut out = Vec::new();
         let mut observed = Vec::new();
         {
             let mut guard = lock(&shared);
@@ -531,24 +560,27 @@ fn run_loop(
             }
         }
 
-        // 4. Produce and wait; mark acknowledged.
-        if !out.is_empty() {
-            let records: Vec<OutRecord> = out
-                .iter()
-                .flat_map(|(_, rs)| rs.iter().map(|(_, r)| r.clone()))
-                .collect();
-            let acked = producer.send_phased(&records)?;
-            summary.produced += records.len() as u64;
-            telemetry.produced.add(&[], records.len() as u64);
+        let t_sealed = Instant::now();
+        // 4. Send; mark done what the broker acknowledged.
+        {
             let mut guard = lock(&shared);
-            for (p, sealed) in &out {
-                telemetry.outbox_backlog.set(&[&p.to_string()], 0.0);
-                // The task may have been revoked meanwhile: its next owner resends.
-                if let Some(task) = guard.tasks.get_mut(p) {
-                    let seqs: Vec<u64> = sealed.iter().map(|(s, _)| *s).collect();
-                    task.acknowledged(&seqs, acked.span(&names.changelog(), *p));
-                }
+            if !out.is_empty() {
+                let records = guard.flights.send(&producer, out)?;
+                summary.produced += records as u64;
+                telemetry.produced.add(&[], records as u64);
             }
+            let done = guard
+                .flights
+                .advance(&producer, config.batch.max_in_flight)?;
+            acknowledge(&mut guard, done, &names, telemetry);
+        }
+        if handled > 0 {
+            log::debug!(
+                "batch of {handled} inputs: sealed in {:?}, sent in {:?}, {} batches in flight",
+                t_sealed - t_decided,
+                t_sealed.elapsed(),
+                lock(&shared).flights.len()
+            );
         }
         summary.batches += u64::from(handled > 0);
         summary.inputs += handled as u64;
@@ -587,12 +619,14 @@ fn run_loop(
         }
     }
 
-    // Graceful stop: everything sealed was produced above; commit the acknowledgements, then
-    // leave the group.
+    // Graceful stop: wait for every batch in flight, commit the acknowledgements, then leave
+    // the group.
     log::info!("instance {instance}: stopping");
     telemetry.stopping();
     {
         let mut guard = lock(&shared);
+        let done = guard.flights.advance(&producer, 0)?;
+        acknowledge(&mut guard, done, &names, telemetry);
         for task in guard.tasks.values_mut() {
             task.commit_bookkeeping()?;
             summary.dead_lettered += task.counters.dead_lettered;
