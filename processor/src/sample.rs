@@ -10,9 +10,39 @@ use airlock_schemas::{
 };
 use anyhow::Context;
 
-use crate::core::{self, Core, TaskContext, policy::Policy, registry::Registry};
+use crate::core::{
+    self, Core, EffectRecord, State, TaskContext, policy::Policy, registry::Registry,
+};
 use crate::store::{MemoryBackend, MemoryStore, StateStore};
 use crate::task::Task;
+
+/// An effect record of `key` in `state`: a dispatched refund with fixed times (deadline
+/// 10,000, retention 1,000 ms), for tests of what the store and the reducer do with records.
+pub fn effect_record(key: &str, state: State) -> EffectRecord {
+    EffectRecord {
+        operation_key: key.to_owned(),
+        tenant_id: "acme".into(),
+        principal_id: "agent-support-1".into(),
+        run_id: "run-1".into(),
+        proposal_id: format!("p-{key}"),
+        tool: "refund".into(),
+        tool_version: "1".into(),
+        connector: "ledger".into(),
+        arguments_json: r#"{"a":1}"#.into(),
+        arguments_hash: "ab".repeat(32),
+        idempotency_key: "alk1-x".into(),
+        lease_fence: 1,
+        deadline_at: 10_000,
+        created_at: 0,
+        policy_bundle_hash: "cd".repeat(32),
+        epoch: 1,
+        attempts: 1,
+        used_approvals: vec![],
+        retention_ms: 1_000,
+        state,
+        updated_at: 0,
+    }
+}
 
 /// An hour in milliseconds: the default intent deadline of sample proposals.
 pub const HOUR_MS: i64 = 3_600_000;

@@ -4,8 +4,9 @@
 //! their format version.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use airlock_processor::core::record::{EffectRecord, ProposalSeen, RunRecord, State};
+use airlock_processor::core::record::{ProposalSeen, RunRecord, State};
 use airlock_processor::core::{StateView, TimerFired, TimerTarget, Write};
+use airlock_processor::sample;
 use airlock_processor::store::keys::Table;
 use airlock_processor::store::rocks::RocksOptions;
 use airlock_processor::store::{
@@ -47,36 +48,10 @@ impl Fixture for Rocks {
     }
 }
 
-fn record(key: &str, state: State) -> EffectRecord {
-    EffectRecord {
-        operation_key: key.to_owned(),
-        tenant_id: "acme".into(),
-        principal_id: "agent-support-1".into(),
-        run_id: "run-1".into(),
-        proposal_id: format!("p-{key}"),
-        tool: "refund".into(),
-        tool_version: "1".into(),
-        connector: "ledger".into(),
-        arguments_json: r#"{"a":1}"#.into(),
-        arguments_hash: "ab".repeat(32),
-        idempotency_key: "alk1-x".into(),
-        lease_fence: 1,
-        deadline_at: 10_000,
-        created_at: 0,
-        policy_bundle_hash: "cd".repeat(32),
-        epoch: 1,
-        attempts: 1,
-        used_approvals: vec![],
-        retention_ms: 1_000,
-        state,
-        updated_at: 0,
-    }
-}
-
 fn effect(key: &str, state: State) -> Write {
     Write::Effect {
         key: key.to_owned(),
-        record: Some(Box::new(record(key, state))),
+        record: Some(Box::new(sample::effect_record(key, state))),
     }
 }
 

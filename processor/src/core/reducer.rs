@@ -159,32 +159,17 @@ mod tests {
     use airlock_schemas::{JournalKind, Reason, Verdict};
 
     use super::*;
+    use crate::audit::replay;
     use crate::core::record::{EffectRecord, ProposalSeen, RunRecord, State};
+    use crate::sample;
 
+    /// A record whose strings need escaping in JSON, and non-ASCII text the serializer keeps.
     fn record(key: &str, state: State) -> EffectRecord {
-        EffectRecord {
-            operation_key: key.to_owned(),
-            tenant_id: "acme".into(),
-            principal_id: "agent \"support\" 1".into(),
-            run_id: "run-1".into(),
-            proposal_id: format!("p-{key}"),
-            tool: "refund".into(),
-            tool_version: "1".into(),
-            connector: "ledger".into(),
-            arguments_json: r#"{"note":"café ☕","amount":1}"#.into(),
-            arguments_hash: "ab".repeat(32),
-            idempotency_key: "alk1-x".into(),
-            lease_fence: 1,
-            deadline_at: 10_000,
-            created_at: 0,
-            policy_bundle_hash: "cd".repeat(32),
-            epoch: 1,
-            attempts: 1,
-            used_approvals: vec!["a1".into()],
-            retention_ms: 1_000,
-            state,
-            updated_at: 0,
-        }
+        let mut r = sample::effect_record(key, state);
+        r.principal_id = "agent \"support\" 1".into();
+        r.arguments_json = r#"{"note":"café ☕","amount":1}"#.into();
+        r.used_approvals = vec!["a1".into()];
+        r
     }
 
     fn every_state() -> Vec<State> {
@@ -244,32 +229,9 @@ mod tests {
 
     /// A journal event carrying `writes` as the core journals them.
     fn event(writes: &[Write]) -> JournalEvent {
-        JournalEvent {
-            partition: 0,
-            sequence: 0,
-            owner_epoch: 1,
-            task: "t".into(),
-            reducer_version: REDUCER_VERSION,
-            kind: JournalKind::ProposalDecided,
-            cause_id: "c".into(),
-            operation_key: None,
-            run_id: None,
-            proposal_id: None,
-            principal_id: None,
-            tenant_id: None,
-            tool: None,
-            policy_bundle_hash: None,
-            lease_fence: None,
-            epoch: None,
-            verdict: None,
-            reason: None,
-            state: None,
-            arguments_hash: None,
-            evidence: None,
-            record_json: Some(serde_json::to_string(writes).unwrap()),
-            projection_hash: None,
-            recorded_at: 0,
-        }
+        let mut e = replay::tests::event(0, JournalKind::ProposalDecided, "k", 0, None);
+        e.record_json = Some(serde_json::to_string(writes).unwrap());
+        e
     }
 
     /// Each raw write is the decoded write's record serialized on its own, with its timer:
