@@ -250,8 +250,11 @@ fn pass_through(
     total: usize,
     per_input: f64,
 ) -> anyhow::Result<f64> {
-    let consumer: BaseConsumer = config
-        .client_config()
+    let mut consumer_config = config.client_config();
+    config
+        .kafka
+        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
+    let consumer: BaseConsumer = consumer_config
         .set("group.id", format!("{}passthrough", config.topics.prefix))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -273,13 +276,25 @@ fn pass_through(
             "pass-through stalled at {consumed}"
         );
         let mut batch = Vec::new();
-        let first = Instant::now();
-        while batch.len() < config.batch.max_records
-            && first.elapsed() < Duration::from_millis(config.batch.flush_interval_ms)
-        {
-            match consumer.poll(Duration::from_millis(5)) {
+        // Closed as the processor closes its batches: full, at the flush interval from the
+        // first record, or after `batch.idle_ms` without one.
+        let mut first: Option<Instant> = None;
+        while batch.len() < config.batch.max_records {
+            let timeout = match first {
+                None => Duration::from_millis(config.batch.flush_interval_ms),
+                Some(t) => {
+                    match Duration::from_millis(config.batch.flush_interval_ms)
+                        .checked_sub(t.elapsed())
+                    {
+                        Some(left) => left.min(Duration::from_millis(config.batch.idle_ms)),
+                        None => break,
+                    }
+                }
+            };
+            match consumer.poll(timeout) {
                 Some(Ok(m)) => {
                     started.get_or_insert_with(Instant::now);
+                    first.get_or_insert_with(Instant::now);
                     batch.push((
                         m.partition(),
                         m.key().map(<[u8]>::to_vec),
@@ -287,6 +302,7 @@ fn pass_through(
                     ));
                 }
                 Some(Err(e)) => eprintln!("pass-through consumer: {e}"),
+                None if first.is_some() => break,
                 None => {}
             }
         }

@@ -11,6 +11,7 @@
 //! | `state.dir` | `AIRLOCK_STATE_DIR` | `./airlock-state` |
 //! | `batch.max_records` | `AIRLOCK_BATCH_MAX_RECORDS` | `500` |
 //! | `batch.flush_interval_ms` | `AIRLOCK_BATCH_FLUSH_INTERVAL_MS` | `20` |
+//! | `batch.idle_ms` | `AIRLOCK_BATCH_IDLE_MS` | `2` |
 //! | `batch.max_in_flight` | `AIRLOCK_BATCH_MAX_IN_FLIGHT` | `4` |
 //! | `state.sync` | `AIRLOCK_STATE_SYNC` | `true` |
 //! | `tools.registry`, `tools.policies`, `tools.entities` | `AIRLOCK_REGISTRY`, `AIRLOCK_POLICIES`, `AIRLOCK_ENTITIES` | `deploy/config/...` |
@@ -217,6 +218,11 @@ pub struct Batch {
     pub max_records: usize,
     /// A batch closes after this long even if not full: bounds added latency.
     pub flush_interval_ms: u64,
+    /// A batch also closes once no record arrived for this long: under light load a decision
+    /// does not wait out the flush interval; under load the consumer's prefetched records
+    /// keep coming and batches fill. At or above `flush_interval_ms` only size and interval
+    /// close a batch.
+    pub idle_ms: u64,
     /// Sealed batches whose records may still be on their way to the broker while the next
     /// batch is read and decided (0: wait for each batch's acknowledgements before reading
     /// on). Each holds its records in memory until the broker acknowledged them.
@@ -228,6 +234,7 @@ impl Default for Batch {
         Batch {
             max_records: 500,
             flush_interval_ms: 20,
+            idle_ms: 2,
             max_in_flight: 4,
         }
     }
@@ -371,6 +378,9 @@ impl Config {
         }
         if let Some(v) = lookup("AIRLOCK_BATCH_FLUSH_INTERVAL_MS") {
             self.batch.flush_interval_ms = env_value("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_BATCH_IDLE_MS") {
+            self.batch.idle_ms = env_value("AIRLOCK_BATCH_IDLE_MS", v)?;
         }
         if let Some(v) = lookup("AIRLOCK_BATCH_MAX_IN_FLIGHT") {
             self.batch.max_in_flight = env_value("AIRLOCK_BATCH_MAX_IN_FLIGHT", v)?;

@@ -2,7 +2,7 @@
 //! [`PartitionTask`] per partition this instance owns, one batch loop:
 //!
 //! 1. poll up to `batch.max_records` records, or until `batch.flush_interval_ms` passed since
-//!    the first one;
+//!    the first one, or until none came for `batch.idle_ms`;
 //! 2. each record goes to its partition's task (decide or dead-letter; offset staged);
 //! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
 //!    RocksDB `WriteBatch` with state, offsets and outbox;
@@ -448,6 +448,7 @@ fn run_loop(
     .into_iter()
     .collect();
     let flush_interval = Duration::from_millis(config.batch.flush_interval_ms.max(1));
+    let idle = Duration::from_millis(config.batch.idle_ms);
     let checkpoint_every = config.processor.checkpoint_interval_ms as i64;
     let mut last_checkpoint: BTreeMap<i32, i64> = BTreeMap::new();
     let mut unchecked: BTreeSet<i32> = BTreeSet::new();
@@ -460,10 +461,12 @@ fn run_loop(
         let mut handled = 0usize;
         let mut first: Option<Instant> = None;
         while handled < config.batch.max_records {
+            // A batch closes when full, at the flush interval, or once no record came for
+            // `batch.idle_ms` (the consumer's prefetched records are all in it).
             let timeout = match first {
                 None => flush_interval,
                 Some(t) => match flush_interval.checked_sub(t.elapsed()) {
-                    Some(left) => left,
+                    Some(left) => left.min(idle),
                     None => break,
                 },
             };
