@@ -276,20 +276,11 @@ fn pass_through(
             "pass-through stalled at {consumed}"
         );
         let mut batch = Vec::new();
-        // Closed as the processor closes its batches: full, at the flush interval from the
-        // first record, or after `batch.idle_ms` without one.
+        // Closed as the processor closes its batches (`Batch::poll_timeout`).
         let mut first: Option<Instant> = None;
         while batch.len() < config.batch.max_records {
-            let timeout = match first {
-                None => Duration::from_millis(config.batch.flush_interval_ms),
-                Some(t) => {
-                    match Duration::from_millis(config.batch.flush_interval_ms)
-                        .checked_sub(t.elapsed())
-                    {
-                        Some(left) => left.min(Duration::from_millis(config.batch.idle_ms)),
-                        None => break,
-                    }
-                }
+            let Some(timeout) = config.batch.poll_timeout(first) else {
+                break;
             };
             match consumer.poll(timeout) {
                 Some(Ok(m)) => {

@@ -229,6 +229,21 @@ pub struct Batch {
     pub max_in_flight: usize,
 }
 
+impl Batch {
+    /// How long the next poll of a batch whose first record came at `first` may wait; `None`
+    /// once the flush interval is over. A batch closes when full, at the flush interval, or
+    /// when a poll this long returns nothing (`idle_ms`).
+    pub fn poll_timeout(&self, first: Option<std::time::Instant>) -> Option<std::time::Duration> {
+        let interval = std::time::Duration::from_millis(self.flush_interval_ms.max(1));
+        match first {
+            None => Some(interval),
+            Some(t) => interval
+                .checked_sub(t.elapsed())
+                .map(|left| left.min(std::time::Duration::from_millis(self.idle_ms))),
+        }
+    }
+}
+
 impl Default for Batch {
     fn default() -> Self {
         Batch {
@@ -575,5 +590,29 @@ partitions = 12
                 .to_string()
                 .contains("topics.prefix")
         );
+    }
+
+    #[test]
+    fn a_batch_closes_at_its_interval_or_when_idle() {
+        use std::time::{Duration, Instant};
+        let batch = Batch {
+            flush_interval_ms: 20,
+            idle_ms: 2,
+            ..Batch::default()
+        };
+        assert_eq!(batch.poll_timeout(None), Some(Duration::from_millis(20)));
+        assert_eq!(
+            batch.poll_timeout(Some(Instant::now())),
+            Some(Duration::from_millis(2))
+        );
+        let late = Instant::now() - Duration::from_millis(30);
+        assert_eq!(batch.poll_timeout(Some(late)), None);
+        // An idle time at or above the interval leaves only size and interval.
+        let no_idle = Batch {
+            idle_ms: 20,
+            ..batch
+        };
+        let left = no_idle.poll_timeout(Some(Instant::now())).unwrap();
+        assert!(left > Duration::from_millis(2) && left <= Duration::from_millis(20));
     }
 }

@@ -5,7 +5,6 @@
 //! the client's own retries, `acks=all`), `partitioner=murmur2_random` (Java-compatible), and
 //! an explicit partition on every record (the task's own: every topic is co-partitioned).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -34,10 +33,11 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Offsets the broker acknowledged, per topic and partition.
+/// Offsets the broker acknowledged, per topic and partition. A call touches a handful of
+/// partitions: a list searched in place, so recording a delivery allocates nothing.
 #[derive(Clone, Debug, Default)]
 pub struct Acked {
-    spans: HashMap<(String, i32), Span>,
+    spans: Vec<(String, i32, Span)>,
 }
 
 /// The offsets one call's records of one partition landed at.
@@ -54,40 +54,38 @@ impl Span {
     pub fn is_contiguous(&self) -> bool {
         self.highest - self.lowest + 1 == self.count
     }
+
+    fn of(offset: i64) -> Span {
+        Span {
+            lowest: offset,
+            highest: offset,
+            count: 1,
+        }
+    }
+
+    fn absorb(&mut self, other: Span) {
+        self.lowest = self.lowest.min(other.lowest);
+        self.highest = self.highest.max(other.highest);
+        self.count += other.count;
+    }
 }
 
 impl Acked {
     /// Adds `other`'s offsets to these.
     pub fn merge(&mut self, other: &Acked) {
-        for (k, s) in &other.spans {
-            self.spans
-                .entry(k.clone())
-                .and_modify(|t| {
-                    t.lowest = t.lowest.min(s.lowest);
-                    t.highest = t.highest.max(s.highest);
-                    t.count += s.count;
-                })
-                .or_insert(*s);
+        for (topic, partition, span) in &other.spans {
+            self.add(topic, *partition, *span);
         }
     }
 
-    fn add(&mut self, topic: &str, partition: i32, offset: i64) {
-        match self.spans.get_mut(&(topic.to_owned(), partition)) {
-            Some(s) => {
-                s.lowest = s.lowest.min(offset);
-                s.highest = s.highest.max(offset);
-                s.count += 1;
-            }
-            None => {
-                self.spans.insert(
-                    (topic.to_owned(), partition),
-                    Span {
-                        lowest: offset,
-                        highest: offset,
-                        count: 1,
-                    },
-                );
-            }
+    fn add(&mut self, topic: &str, partition: i32, span: Span) {
+        match self
+            .spans
+            .iter_mut()
+            .find(|(t, p, _)| *p == partition && t == topic)
+        {
+            Some((_, _, s)) => s.absorb(span),
+            None => self.spans.push((topic.to_owned(), partition, span)),
         }
     }
 
@@ -102,7 +100,10 @@ impl Acked {
     }
 
     pub fn span(&self, topic: &str, partition: i32) -> Option<Span> {
-        self.spans.get(&(topic.to_owned(), partition)).copied()
+        self.spans
+            .iter()
+            .find(|(t, p, _)| *p == partition && t == topic)
+            .map(|(_, _, s)| *s)
     }
 }
 
@@ -149,7 +150,7 @@ impl Producer {
             }
             let mut flight = self.send(&batch)?;
             flight.wait(self)?;
-            acked.merge(&flight.acked);
+            acked.merge(&flight.into_acked());
         }
         Ok(acked)
     }
@@ -157,6 +158,7 @@ impl Producer {
     /// Hands every record to the producer without waiting for the broker; the returned
     /// [`InFlight`] learns their acknowledgements.
     pub fn send(&self, records: &[&OutRecord]) -> Result<InFlight> {
+        let mut topics: Vec<String> = Vec::new();
         let mut pending = Vec::with_capacity(records.len());
         for r in records {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
@@ -199,9 +201,17 @@ impl Producer {
                     }
                 }
             };
-            pending.push((r.topic.clone(), r.partition, future));
+            let topic = match topics.iter().position(|t| *t == r.topic) {
+                Some(i) => i,
+                None => {
+                    topics.push(r.topic.clone());
+                    topics.len() - 1
+                }
+            };
+            pending.push((topic, r.partition, future));
         }
         Ok(InFlight {
+            topics,
             pending,
             next: 0,
             acked: Acked::default(),
@@ -222,8 +232,10 @@ impl Producer {
 /// the producer's own thread; [`poll`](Self::poll) collects those already in without waiting,
 /// [`wait`](Self::wait) waits for the rest.
 pub struct InFlight {
-    /// (topic, partition, delivery) in send order.
-    pending: Vec<(String, i32, DeliveryFuture)>,
+    /// The topics the records go to, each once.
+    topics: Vec<String>,
+    /// (index in `topics`, partition, delivery) in send order.
+    pending: Vec<(usize, i32, DeliveryFuture)>,
     /// Every delivery before this index is acknowledged and counted in `acked`.
     next: usize,
     acked: Acked,
@@ -243,39 +255,24 @@ impl InFlight {
     /// acknowledged. The first failed delivery is the error.
     pub fn poll(&mut self) -> Result<bool> {
         let mut cx = Context::from_waker(Waker::noop());
-        while let Some((topic, partition, future)) = self.pending.get_mut(self.next) {
-            match Pin::new(future).poll(&mut cx) {
-                Poll::Pending => return Ok(false),
-                Poll::Ready(delivered) => {
-                    let offset = delivered_offset(topic, *partition, delivered)?;
-                    self.acked.add(topic, *partition, offset);
-                    self.next += 1;
-                }
-            }
+        while let Some((_, _, future)) = self.pending.get_mut(self.next) {
+            let Poll::Ready(delivered) = Pin::new(future).poll(&mut cx) else {
+                return Ok(false);
+            };
+            self.delivered(delivered)?;
         }
         Ok(true)
     }
 
     /// Waits until every record is acknowledged; the first failed delivery is the error.
     pub fn wait(&mut self, producer: &Producer) -> Result<()> {
-        if self.poll()? {
-            return Ok(());
-        }
         producer.runtime.block_on(async {
-            while let Some((topic, partition, future)) = self.pending.get_mut(self.next) {
+            while let Some((_, _, future)) = self.pending.get_mut(self.next) {
                 let delivered = future.await;
-                let offset = delivered_offset(topic, *partition, delivered)?;
-                self.acked.add(topic, *partition, offset);
-                self.next += 1;
+                self.delivered(delivered)?;
             }
             Ok(())
         })
-    }
-
-    /// Where the acknowledged records landed (complete once `poll` returned true or `wait`
-    /// returned).
-    pub fn acked(&self) -> &Acked {
-        &self.acked
     }
 
     /// The acknowledged offsets, once every record is acknowledged.
@@ -283,33 +280,27 @@ impl InFlight {
         self.acked
     }
 
-    /// Records sent.
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-}
-
-/// The offset a delivery report names; `Err(_)` is a report the producer dropped (closed).
-fn delivered_offset<E>(
-    topic: &str,
-    partition: i32,
-    delivered: std::result::Result<OwnedDeliveryResult, E>,
-) -> Result<i64> {
-    match delivered {
-        Ok(Ok(d)) => Ok(d.offset),
-        Ok(Err((source, _))) => Err(Error::Delivery {
-            topic: topic.to_owned(),
+    /// Counts the delivery report of record `next`; `Err(_)` is a report the producer dropped
+    /// (it was closed).
+    fn delivered<E>(
+        &mut self,
+        delivered: std::result::Result<OwnedDeliveryResult, E>,
+    ) -> Result<()> {
+        let (topic, partition, _) = self.pending[self.next];
+        let topic = &self.topics[topic];
+        let source = match delivered {
+            Ok(Ok(d)) => {
+                self.acked.add(topic, partition, Span::of(d.offset));
+                self.next += 1;
+                return Ok(());
+            }
+            Ok(Err((source, _))) => source,
+            Err(_) => rdkafka::error::KafkaError::Canceled,
+        };
+        Err(Error::Delivery {
+            topic: topic.clone(),
             partition,
             source,
-        }),
-        Err(_) => Err(Error::Delivery {
-            topic: topic.to_owned(),
-            partition,
-            source: rdkafka::error::KafkaError::Canceled,
-        }),
+        })
     }
 }

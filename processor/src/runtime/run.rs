@@ -16,9 +16,9 @@
 //! claimed (`restore`) and the consumer is positioned at the offsets stored with the state; on
 //! revocation every sealed batch still in flight is waited for (its outputs and changelog
 //! acknowledged), then the tasks are dropped with whatever they had not sealed, and nothing
-//! more leaves them. The group uses the `range` assignor, which keeps partition `p` of every input topic on
-//! one instance (they all have the same partition count); an assignment that breaks this is
-//! refused.
+//! more leaves them. The group uses the `range` assignor, which keeps partition `p` of every
+//! input topic on one instance (they all have the same partition count); an assignment that
+//! breaks this is refused.
 //!
 //! Metrics, health and readiness (`telemetry`) are recorded by this loop and served on
 //! `telemetry.listen` when it is set.
@@ -140,7 +140,9 @@ impl ConsumerContext for Ctx {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
-        // Whatever the tasks sealed leaves before they are dropped or claimed again.
+        // Whatever the tasks sealed leaves before they are dropped or claimed again. Their
+        // acknowledgements are not marked (the tasks go): the next claim resends those
+        // outbox entries under the same identity, and readers drop the copies.
         if let Err(e) = shared.flights.advance(&self.claim.producer, 0) {
             log::error!("flushing the batches in flight: {e}");
             shared.fatal.get_or_insert(e.into());
@@ -447,8 +449,6 @@ fn run_loop(
     ]
     .into_iter()
     .collect();
-    let flush_interval = Duration::from_millis(config.batch.flush_interval_ms.max(1));
-    let idle = Duration::from_millis(config.batch.idle_ms);
     let checkpoint_every = config.processor.checkpoint_interval_ms as i64;
     let mut last_checkpoint: BTreeMap<i32, i64> = BTreeMap::new();
     let mut unchecked: BTreeSet<i32> = BTreeSet::new();
@@ -461,14 +461,8 @@ fn run_loop(
         let mut handled = 0usize;
         let mut first: Option<Instant> = None;
         while handled < config.batch.max_records {
-            // A batch closes when full, at the flush interval, or once no record came for
-            // `batch.idle_ms` (the consumer's prefetched records are all in it).
-            let timeout = match first {
-                None => flush_interval,
-                Some(t) => match flush_interval.checked_sub(t.elapsed()) {
-                    Some(left) => left.min(idle),
-                    None => break,
-                },
+            let Some(timeout) = config.batch.poll_timeout(first) else {
+                break;
             };
             let Some(polled) = consumer.poll(timeout) else {
                 break;

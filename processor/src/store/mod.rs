@@ -164,8 +164,8 @@ impl<B: Backend> StateStore<B> {
                     Some(v) => timer_of(v)?,
                     None => None,
                 };
-                let id = id.to_owned();
-                self.put_projected(table, &id, old.as_deref(), value, old_timer, new_timer)
+                self.put_projected(key.to_vec(), old.as_deref(), value, old_timer, new_timer);
+                Ok(())
             }
             Table::Offset | Table::Meta => {
                 self.staged.insert(key.to_vec(), value);
@@ -197,8 +197,50 @@ impl<B: Backend> StateStore<B> {
             .transpose()
     }
 
-    /// Applies `writes`, reading each row once.
-    fn apply_writes(&mut self, writes: &[Write]) -> Result<()> {
+    /// Stages one projected row replacing `old` (as read), keeping its timer and the
+    /// projection hash in step.
+    fn put_projected(
+        &mut self,
+        key: Vec<u8>,
+        old: Option<&[u8]>,
+        new: Option<Vec<u8>>,
+        old_timer: Option<TimerFired>,
+        new_timer: Option<TimerFired>,
+    ) {
+        if let Some(old) = old {
+            xor(&mut self.projection, &row_digest(&key, &[old]));
+        }
+        if let Some(new) = &new {
+            xor(&mut self.projection, &row_digest(&key, &[new]));
+        }
+        if old_timer != new_timer {
+            if let Some(t) = old_timer {
+                self.staged.insert(keys::timer_key(&t), None);
+            }
+            if let Some(t) = new_timer {
+                self.staged.insert(keys::timer_key(&t), Some(Vec::new()));
+            }
+        }
+        self.staged.insert(key, new);
+    }
+}
+
+impl<B: Backend> StateView for StateStore<B> {
+    fn effect(&self, key: &str) -> core::Result<Option<EffectRecord>> {
+        self.typed(Table::Effect, key).map_err(into_core)
+    }
+
+    fn proposal(&self, id: &str) -> core::Result<Option<ProposalSeen>> {
+        self.typed(Table::Proposal, id).map_err(into_core)
+    }
+
+    fn run(&self, run_id: &str) -> core::Result<Option<RunRecord>> {
+        self.typed(Table::Run, run_id).map_err(into_core)
+    }
+}
+
+impl<B: Backend> Store for StateStore<B> {
+    fn apply(&mut self, writes: &[Write]) -> Result<()> {
         for write in writes {
             let new_timer = write.timer();
             let due = new_timer.as_ref().map(|t| t.due_at);
@@ -229,59 +271,9 @@ impl<B: Backend> StateStore<B> {
                 }),
                 None => None,
             };
-            self.put_projected(table, id, old.as_deref(), value, old_timer, new_timer)?;
+            self.put_projected(key, old.as_deref(), value, old_timer, new_timer);
         }
         Ok(())
-    }
-
-    /// Stages one projected row replacing `old` (as read), keeping its timer and the
-    /// projection hash in step.
-    fn put_projected(
-        &mut self,
-        table: Table,
-        id: &str,
-        old: Option<&[u8]>,
-        new: Option<Vec<u8>>,
-        old_timer: Option<TimerFired>,
-        new_timer: Option<TimerFired>,
-    ) -> Result<()> {
-        let key = table.key(id.as_bytes());
-        if let Some(old) = old {
-            xor(&mut self.projection, &row_digest(&key, &[old]));
-        }
-        if let Some(new) = &new {
-            xor(&mut self.projection, &row_digest(&key, &[new]));
-        }
-        if old_timer != new_timer {
-            if let Some(t) = old_timer {
-                self.staged.insert(keys::timer_key(&t), None);
-            }
-            if let Some(t) = new_timer {
-                self.staged.insert(keys::timer_key(&t), Some(Vec::new()));
-            }
-        }
-        self.staged.insert(key, new);
-        Ok(())
-    }
-}
-
-impl<B: Backend> StateView for StateStore<B> {
-    fn effect(&self, key: &str) -> core::Result<Option<EffectRecord>> {
-        self.typed(Table::Effect, key).map_err(into_core)
-    }
-
-    fn proposal(&self, id: &str) -> core::Result<Option<ProposalSeen>> {
-        self.typed(Table::Proposal, id).map_err(into_core)
-    }
-
-    fn run(&self, run_id: &str) -> core::Result<Option<RunRecord>> {
-        self.typed(Table::Run, run_id).map_err(into_core)
-    }
-}
-
-impl<B: Backend> Store for StateStore<B> {
-    fn apply(&mut self, writes: &[Write]) -> Result<()> {
-        self.apply_writes(writes)
     }
 
     fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>) {
