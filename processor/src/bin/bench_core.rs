@@ -26,6 +26,10 @@ use airlock_schemas::codec::Codec;
 use anyhow::Context;
 use hdrhistogram::Histogram;
 
+/// The allocator of the `airlock` binary (see `main.rs`), so that the figures are its figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const T0: i64 = 1_790_000_000_000;
 
 struct Phase {

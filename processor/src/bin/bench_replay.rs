@@ -52,6 +52,10 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use rdkafka::consumer::BaseConsumer;
 
+/// The allocator of the `airlock` binary (see `main.rs`), so that the figures are its figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const T0: i64 = 1_790_000_000_000;
 /// Records per measured slice: the percentiles are of per-record costs averaged over a slice,
 /// not of single records, so the clock's own cost does not dominate.

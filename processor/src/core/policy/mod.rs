@@ -15,7 +15,10 @@
 //! `arguments` are the canonical arguments. Cedar has neither null nor
 //! floats: object fields whose value is null are dropped (recursively), and a
 //! null inside an array or a non-integer number makes the request invalid,
-//! which denies it.
+//! which denies it. The context is built from the restricted-expression API, never Cedar's
+//! JSON parser, which reads objects keyed `__entity` or `__extn` as entity references or
+//! extension values and would let an agent smuggle an entity reference into the arguments.
+//! Only the arguments the tool's policies can read are converted (see [`context`]).
 //!
 //! Tiers: every `permit` that can apply to `invoke` must carry
 //! `@tier("auto")` (executes without a human) or `@tier("approval")` (needs
@@ -38,11 +41,15 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use cedar_policy::{
-    ActionConstraint, Authorizer, Context, Decision, Effect, Entities, EntityId, EntityTypeName,
-    EntityUid, PolicyId, PolicySet, Request, ResourceConstraint, RestrictedExpression,
+    ActionConstraint, Authorizer, Decision, Effect, Entities, EntityId, EntityTypeName, EntityUid,
+    PolicyId, PolicySet, Request, ResourceConstraint,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+mod context;
+
+use context::Reads;
 
 /// Entity type of agents and humans.
 pub const PRINCIPAL_TYPE: &str = "Airlock::Principal";
@@ -370,7 +377,8 @@ impl Policy {
         action: &EntityUid,
         index: &ToolIndex,
     ) -> std::result::Result<cedar_policy::Response, DenyReason> {
-        let context = build_context(req).map_err(DenyReason::Invalid)?;
+        let context =
+            context::build(req, index.reads_for(req.tool)).map_err(DenyReason::Invalid)?;
         let principal = EntityUid::from_type_name_and_id(
             self.principal_type.clone(),
             EntityId::new(req.principal),
@@ -493,16 +501,16 @@ impl Policy {
             let relevant =
                 |p: &cedar_policy::Policy| admits(&p.action_constraint(), action, &entities);
             let general: Vec<_> = general.iter().filter(|p| relevant(p)).cloned().collect();
-            ToolIndex {
-                fallback: policy_set(general.iter().cloned()),
-                per_tool: specific
+            ToolIndex::new(
+                specific
                     .iter()
                     .map(|(tool, own)| {
                         let own = own.iter().filter(|p| relevant(p)).cloned();
                         (tool.clone(), policy_set(own.chain(general.iter().cloned())))
                     })
                     .collect(),
-            }
+                policy_set(general.iter().cloned()),
+            )
         };
         let invoke_index = index_for(&invoke);
         let approve_index = index_for(&approve);
@@ -610,14 +618,33 @@ fn locate_parse_error(text: &str) -> Option<usize> {
 /// `resource == Airlock::Tool::"x"` is only in x's set; any other resource
 /// scope is in every set and in the fallback.
 struct ToolIndex {
-    per_tool: HashMap<String, PolicySet>,
+    per_tool: HashMap<String, (PolicySet, Reads)>,
     /// For tools no policy names.
-    fallback: PolicySet,
+    fallback: (PolicySet, Reads),
 }
 
 impl ToolIndex {
+    fn new(per_tool: HashMap<String, PolicySet>, fallback: PolicySet) -> Self {
+        let with_reads = |set: PolicySet| {
+            let reads = Reads::of(&set);
+            (set, reads)
+        };
+        ToolIndex {
+            per_tool: per_tool
+                .into_iter()
+                .map(|(tool, set)| (tool, with_reads(set)))
+                .collect(),
+            fallback: with_reads(fallback),
+        }
+    }
+
     fn set_for(&self, tool: &str) -> &PolicySet {
-        self.per_tool.get(tool).unwrap_or(&self.fallback)
+        &self.per_tool.get(tool).unwrap_or(&self.fallback).0
+    }
+
+    /// What the policies of `tool` can read of the arguments (see [`context`]).
+    fn reads_for(&self, tool: &str) -> &Reads {
+        &self.per_tool.get(tool).unwrap_or(&self.fallback).1
     }
 }
 
@@ -628,7 +655,7 @@ impl fmt::Debug for Policy {
             .invoke_index
             .per_tool
             .iter()
-            .map(|(tool, set)| (tool.as_str(), set.num_of_policies()))
+            .map(|(tool, (set, _))| (tool.as_str(), set.num_of_policies()))
             .collect();
         tools.sort_unstable();
         f.debug_struct("Policy")
@@ -636,7 +663,7 @@ impl fmt::Debug for Policy {
             .field("policies_per_tool", &tools)
             .field(
                 "policies_for_other_tools",
-                &self.invoke_index.fallback.num_of_policies(),
+                &self.invoke_index.fallback.0.num_of_policies(),
             )
             .field("entities", &self.entities.len())
             .finish_non_exhaustive()
@@ -700,89 +727,6 @@ fn deny_reason(determining: Vec<String>, errors: Option<String>) -> DenyReason {
     } else {
         DenyReason::NoPermit
     }
-}
-
-/// Builds the Cedar context directly as restricted expressions rather than
-/// via Cedar's JSON parser: that parser interprets objects with keys like
-/// `__entity` or `__extn` as entity references or extension values, which
-/// would let an agent smuggle an entity reference into `context.arguments`.
-fn build_context(req: &AuthzRequest<'_>) -> std::result::Result<Context, String> {
-    let mut pairs = vec![
-        (
-            "tenant".to_owned(),
-            RestrictedExpression::new_string(req.tenant.to_owned()),
-        ),
-        (
-            "tool_version".to_owned(),
-            RestrictedExpression::new_string(req.tool_version.to_owned()),
-        ),
-        (
-            "resource".to_owned(),
-            RestrictedExpression::new_string(req.resource.to_owned()),
-        ),
-        (
-            "run_id".to_owned(),
-            RestrictedExpression::new_string(req.run_id.to_owned()),
-        ),
-    ];
-    let mut path = String::from("/arguments");
-    if let Some(arguments) = to_restricted(req.arguments, &mut path)? {
-        pairs.push(("arguments".to_owned(), arguments));
-    }
-    Context::from_pairs(pairs).map_err(|error| format!("context: {error}"))
-}
-
-/// Converts JSON to a Cedar value. `Ok(None)` means "null": the caller drops
-/// the field. `path` is the JSON pointer of `value`, for messages.
-fn to_restricted(
-    value: &Value,
-    path: &mut String,
-) -> std::result::Result<Option<RestrictedExpression>, String> {
-    Ok(Some(match value {
-        Value::Null => return Ok(None),
-        Value::Bool(flag) => RestrictedExpression::new_bool(*flag),
-        Value::Number(number) => match number.as_i64() {
-            Some(integer) => RestrictedExpression::new_long(integer),
-            None => {
-                return Err(format!(
-                    "context {path}: number {number} is not a 64-bit integer (Cedar has no floats)"
-                ));
-            }
-        },
-        Value::String(text) => RestrictedExpression::new_string(text.clone()),
-        Value::Array(items) => {
-            let mut elements = Vec::with_capacity(items.len());
-            for (index, item) in items.iter().enumerate() {
-                let base = path.len();
-                path.push('/');
-                path.push_str(&index.to_string());
-                match to_restricted(item, path)? {
-                    Some(element) => elements.push(element),
-                    None => {
-                        return Err(format!(
-                            "context {path}: null inside an array (Cedar has no null)"
-                        ));
-                    }
-                }
-                path.truncate(base);
-            }
-            RestrictedExpression::new_set(elements)
-        }
-        Value::Object(map) => {
-            let mut fields = Vec::with_capacity(map.len());
-            for (key, item) in map {
-                let base = path.len();
-                path.push('/');
-                path.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                if let Some(field) = to_restricted(item, path)? {
-                    fields.push((key.clone(), field));
-                }
-                path.truncate(base);
-            }
-            RestrictedExpression::new_record(fields)
-                .map_err(|error| format!("context {path}: {error}"))?
-        }
-    }))
 }
 
 #[cfg(test)]
@@ -1239,7 +1183,7 @@ mod tests {
         let indexes = [&policy.invoke_index, &policy.approve_index];
         let sets = indexes
             .iter()
-            .flat_map(|i| i.per_tool.values().chain([&i.fallback]));
+            .flat_map(|i| i.per_tool.values().chain([&i.fallback]).map(|(set, _)| set));
         for set in sets {
             for p in set.policies() {
                 if added.insert(p.id().clone()) {
@@ -1275,7 +1219,7 @@ mod tests {
                         ];
                         for (action, index) in actions {
                             let indexed = policy.evaluate(&req, action, index).unwrap();
-                            let context = build_context(&req).unwrap();
+                            let context = context::build(&req, &Reads::All).unwrap();
                             let full_request = Request::new(
                                 EntityUid::from_type_name_and_id(
                                     policy.principal_type.clone(),
