@@ -64,27 +64,26 @@ fn a_sealed_batch_holds_outputs_then_changelog_and_survives_reopening() {
     t.handle_record(&record(0, b"refund:o1", &payload)).unwrap();
     t.handle_record(&record(1, b"refund:o1", b"not avro"))
         .unwrap();
-    let out = t.seal(2_000).unwrap();
+    let out = t.seal(2_000).unwrap().records;
 
     let kinds: Vec<&str> = out
         .iter()
-        .map(|(_, r)| std::str::from_utf8(r.header(header::KIND).unwrap()).unwrap())
+        .map(|r| std::str::from_utf8(r.header(header::KIND).unwrap()).unwrap())
         .collect();
     assert!(kinds.contains(&"dispatch") && kinds.contains(&"decision"));
     assert!(kinds.contains(&"journal") && kinds.contains(&"dlq"));
     // Every phase-0 record comes before the changelog (phase 1).
     let first_changelog = kinds.iter().position(|k| *k == "changelog").unwrap();
     assert!(kinds[first_changelog..].iter().all(|k| *k == "changelog"));
-    for (_, r) in &out {
+    for r in &out {
         assert_eq!(wire::header_i64(&r.headers, header::OWNER_EPOCH), Some(3));
         assert_eq!(r.partition, 0);
     }
     let decision: Decision = codec
         .decode_as(
             out.iter()
-                .find(|(_, r)| r.header(header::KIND) == Some(b"decision"))
+                .find(|r| r.header(header::KIND) == Some(b"decision"))
                 .unwrap()
-                .1
                 .value
                 .as_deref()
                 .unwrap(),
@@ -98,8 +97,10 @@ fn a_sealed_batch_holds_outputs_then_changelog_and_survives_reopening() {
     let t = task(dir.path());
     assert_eq!(t.stored_offset("t.proposals").unwrap(), Some(2));
     assert!(t.already_consumed("t.proposals", 1).unwrap());
+    // One row holds the whole batch, in outbox order.
     let pending = partition::pending_outbox(t.store(), 0).unwrap();
-    assert_eq!(pending.len(), out.len());
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].records, out);
 
     // The changelog alone rebuilds the same projection.
     let restored_dir = tempfile::tempdir().unwrap();
@@ -107,7 +108,7 @@ fn a_sealed_batch_holds_outputs_then_changelog_and_survives_reopening() {
         RocksBackend::open(restored_dir.path(), &RocksOptions::default()).unwrap(),
     )
     .unwrap();
-    for (_, r) in out.iter().filter(|(_, r)| r.phase == 1) {
+    for r in out.iter().filter(|r| r.phase == 1) {
         let c: ChangelogRecord = codec.decode_as(r.value.as_deref().unwrap()).unwrap();
         let key = store_table(c.table).key(&c.key);
         assert_eq!(changelog_table(&key), Some(c.table));
@@ -130,11 +131,10 @@ fn acknowledged_entries_leave_the_outbox() {
     let mut t = task_knowing(dir.path(), Some(40));
     t.handle_record(&record(0, b"refund:o2", &payload)).unwrap();
     let out = t.seal(2_000).unwrap();
-    let seqs: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
-    let rows = out.iter().filter(|(_, r)| r.phase == 1).count() as i64;
-    t.acknowledged(&seqs, Some(span(40, rows)));
+    let rows = out.records.iter().filter(|r| r.phase == 1).count() as i64;
+    t.acknowledged(out.row, Some(span(40, rows)));
     assert!(
-        t.seal(2_001).unwrap().is_empty(),
+        t.seal(2_001).unwrap().records.is_empty(),
         "bookkeeping only: nothing to produce"
     );
     assert!(partition::pending_outbox(t.store(), 0).unwrap().is_empty());
@@ -154,20 +154,19 @@ fn another_writer_on_the_changelog_freezes_the_known_end() {
             .unwrap();
         offset += 1;
         let out = t.seal(2_000).unwrap();
-        let seqs: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
-        let rows = out.iter().filter(|(_, r)| r.phase == 1).count() as i64;
-        (seqs, rows)
+        let rows = out.records.iter().filter(|r| r.phase == 1).count() as i64;
+        (out.row, rows)
     };
-    let (seqs, rows) = batch(&mut t, "refund:o3");
-    t.acknowledged(&seqs, Some(span(40, rows)));
+    let (row, rows) = batch(&mut t, "refund:o3");
+    t.acknowledged(row, Some(span(40, rows)));
     let end = 40 + rows;
     // A new owner's fence marker landed at `end`: this task's next rows start one later.
-    let (seqs, rows) = batch(&mut t, "refund:o4");
-    t.acknowledged(&seqs, Some(span(end + 1, rows)));
+    let (row, rows) = batch(&mut t, "refund:o4");
+    t.acknowledged(row, Some(span(end + 1, rows)));
     assert_eq!(known_end(&t), Some(end), "frozen before the foreign marker");
     // Even contiguous rows later do not move it again.
-    let (seqs, rows) = batch(&mut t, "refund:o5");
-    t.acknowledged(&seqs, Some(span(end + 1 + rows, rows)));
+    let (row, rows) = batch(&mut t, "refund:o5");
+    t.acknowledged(row, Some(span(end + 1 + rows, rows)));
     t.commit_bookkeeping().unwrap();
     assert_eq!(known_end(&t), Some(end));
 }

@@ -33,7 +33,7 @@ use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::run;
 use airlock_processor::runtime::topics::{self, Names};
-use airlock_processor::runtime::wire::{self, OutRecord};
+use airlock_processor::runtime::wire::{self, OutRecord, Outbox};
 use airlock_processor::sample;
 use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
@@ -42,6 +42,10 @@ use hdrhistogram::Histogram;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
+
+/// The allocator of the `airlock` binary (see `main.rs`), so that the figures are its figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -267,7 +271,7 @@ fn pass_through(
     let mut consumed = 0usize;
     let mut owed = 0.0f64;
     let mut flights = Flights::default();
-    let mut seq = 0u64;
+    let mut row = 0u64;
     let mut started = None;
     let deadline = Instant::now() + Duration::from_secs(600);
     while consumed < total {
@@ -302,22 +306,19 @@ fn pass_through(
             owed += per_input;
             while owed >= 1.0 {
                 owed -= 1.0;
-                out.push((
-                    seq,
-                    OutRecord {
-                        topic: out_topic.clone(),
-                        partition: *p,
-                        key: k.clone(),
-                        value: v.clone(),
-                        headers: wire::identity("bench", &i.to_string(), *p, 1),
-                        phase: 0,
-                    },
-                ));
-                seq += 1;
+                out.push(OutRecord {
+                    topic: out_topic.clone(),
+                    partition: *p,
+                    key: k.clone(),
+                    value: v.clone(),
+                    headers: wire::identity("bench", &i.to_string(), *p, 1),
+                    phase: 0,
+                });
             }
         }
         if !out.is_empty() {
-            flights.send(&producer, vec![(0, out)])?;
+            flights.send(&producer, vec![(0, Outbox { row, records: out })])?;
+            row += 1;
         }
         flights.advance(&producer, config.batch.max_in_flight)?;
         consumed += batch.len();

@@ -22,6 +22,7 @@
 //! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
+//! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
 //! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
 //! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
@@ -139,6 +140,11 @@ pub struct Processor {
     pub checkpoint_interval_ms: u64,
     /// The producer's linger: a little batching of the outputs.
     pub linger_ms: u64,
+    /// Threads that decide and seal a batch's partitions side by side, the polling one
+    /// included; one partition is only ever on one thread, and no more threads run than
+    /// partitions have records. More than the CPU count still helps while commits wait for
+    /// their fsync. 1 = everything on the polling thread.
+    pub threads: usize,
 }
 
 impl Default for Processor {
@@ -151,6 +157,7 @@ impl Default for Processor {
             timers_per_batch: 1_000,
             checkpoint_interval_ms: 60_000,
             linger_ms: 2,
+            threads: 4,
         }
     }
 }
@@ -214,7 +221,8 @@ impl Default for State {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Batch {
-    /// Inputs per batch (one RocksDB WriteBatch, one outbox flush).
+    /// Inputs per partition per batch (one RocksDB WriteBatch per partition); every owned
+    /// partition's are decided side by side (`processor.threads`), their outputs flushed together.
     pub max_records: usize,
     /// A batch closes after this long even if not full: bounds added latency.
     pub flush_interval_ms: u64,
@@ -433,6 +441,9 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
             self.processor.linger_ms = env_value("AIRLOCK_LINGER_MS", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_THREADS") {
+            self.processor.threads = env_value("AIRLOCK_THREADS", v)?;
+        }
         if let Some(v) = lookup("AIRLOCK_CAPABILITY_SIGNING_KEY_FILE") {
             self.capability.signing_key_file = PathBuf::from(v);
         }
@@ -476,6 +487,9 @@ impl Config {
         }
         if self.batch.max_records == 0 {
             return invalid("batch.max_records", "must be at least 1");
+        }
+        if self.processor.threads == 0 {
+            return invalid("processor.threads", "must be at least 1");
         }
         if self.processor.timers_per_batch == 0 {
             return invalid("processor.timers_per_batch", "must be at least 1");

@@ -16,23 +16,23 @@
 use std::collections::VecDeque;
 
 use super::produce::{self, Acked, InFlight, Producer};
-use super::wire::OutRecord;
+use super::wire::{OutRecord, Outbox};
 
-/// One partition's share of a sealed batch: outbox sequence and record, in outbox order.
-pub type Sealed = (i32, Vec<(u64, OutRecord)>);
+/// One partition's share of a sealed batch.
+pub type Sealed = (i32, Outbox);
 
-/// A batch whose changelog the broker acknowledged: each task marks these sequences done.
+/// A batch whose changelog the broker acknowledged: each task marks its outbox row done.
 #[derive(Debug)]
 pub struct Done {
-    /// Per partition, the outbox sequences of everything the batch sealed.
-    pub sequences: Vec<(i32, Vec<u64>)>,
+    /// Per partition, the outbox row of what the batch sealed.
+    pub rows: Vec<(i32, u64)>,
     /// Where the batch's changelog records landed.
     pub changelog: Acked,
 }
 
 #[derive(Debug)]
 struct Batch {
-    sequences: Vec<(i32, Vec<u64>)>,
+    rows: Vec<(i32, u64)>,
     /// Sent once every output is acknowledged.
     changelog: Vec<OutRecord>,
     outputs: InFlight,
@@ -49,27 +49,25 @@ impl Flights {
     /// Sends a sealed batch's outputs (phase 0); its changelog (phase 1) follows their
     /// acknowledgement. Returns the number of records the batch holds.
     pub fn send(&mut self, producer: &Producer, sealed: Vec<Sealed>) -> produce::Result<usize> {
-        let mut sequences = Vec::with_capacity(sealed.len());
+        let mut rows = Vec::with_capacity(sealed.len());
         let mut outputs = Vec::new();
         let mut changelog = Vec::new();
         let mut records = 0;
-        for (p, entries) in sealed {
-            records += entries.len();
-            let mut seqs = Vec::with_capacity(entries.len());
-            for (seq, r) in entries {
-                seqs.push(seq);
+        for (p, outbox) in sealed {
+            records += outbox.records.len();
+            for r in outbox.records {
                 if r.phase == 0 {
                     outputs.push(r);
                 } else {
                     changelog.push(r);
                 }
             }
-            sequences.push((p, seqs));
+            rows.push((p, outbox.row));
         }
         let refs: Vec<&OutRecord> = outputs.iter().collect();
         let outputs = producer.send(&refs)?;
         self.batches.push_back(Batch {
-            sequences,
+            rows,
             changelog,
             outputs,
             changelog_flight: None,
@@ -119,7 +117,7 @@ impl Flights {
                     .expect("the front batch's changelog was just sent")
                     .into_acked();
                 done.push(Done {
-                    sequences: b.sequences,
+                    rows: b.rows,
                     changelog,
                 });
             }
@@ -182,19 +180,18 @@ mod tests {
 
         let mut flights = Flights::default();
         let mut completed = Vec::new();
-        let mut seq = 0u64;
         for batch in 0..6 {
             let sealed: Vec<Sealed> = (0..2)
                 .map(|p| {
                     let records = (0..10)
                         .map(|i| {
-                            seq += 1;
                             let phase = u8::from(i >= 7);
                             let topic = if phase == 0 { "out" } else { "changelog" };
-                            (seq, record(topic, p, phase, batch * 10 + i))
+                            record(topic, p, phase, batch * 10 + i)
                         })
                         .collect();
-                    (p, records)
+                    let row = (batch * 2) as u64 + p as u64;
+                    (p, Outbox { row, records })
                 })
                 .collect();
             assert_eq!(flights.send(&producer, sealed).unwrap(), 20);
@@ -205,14 +202,8 @@ mod tests {
         assert!(flights.is_empty());
         assert_eq!(completed.len(), 6);
         for (batch, done) in completed.iter().enumerate() {
-            let first = batch as u64 * 20;
-            assert_eq!(
-                done.sequences,
-                vec![
-                    (0, (first + 1..=first + 10).collect::<Vec<_>>()),
-                    (1, (first + 11..=first + 20).collect::<Vec<_>>()),
-                ]
-            );
+            let first = batch as u64 * 2;
+            assert_eq!(done.rows, vec![(0, first), (1, first + 1)]);
             for p in 0..2 {
                 let span = done.changelog.span("changelog", p).unwrap();
                 assert_eq!(span.count, 3);

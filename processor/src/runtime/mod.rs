@@ -7,6 +7,8 @@
 //! - [`wire`]: output headers, owner-epoch fence markers, the outbox entry format, the
 //!   consumer-side fence filter.
 //! - [`partition`]: one partition's task: decode or dead-letter, decide, seal a batch.
+//! - [`intake`]: records read ahead per partition, so that a batch holds every partition.
+//! - [`decide`]: one batch's decisions and seals, partitions side by side on threads.
 //! - [`produce`]: the idempotent producer and phase-ordered, acknowledged sends.
 //! - [`flight`]: sealed batches on their way to the broker, pipelined behind the next ones.
 //! - [`restore`]: gaining a partition: resend, restore, claim the owner epoch, fence.
@@ -17,7 +19,9 @@
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
 pub mod config;
+pub mod decide;
 pub mod flight;
+pub mod intake;
 pub mod logging;
 pub mod partition;
 pub mod partitioner;

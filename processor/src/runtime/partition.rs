@@ -19,7 +19,7 @@ use super::partitioner;
 use super::produce::Span;
 use super::telemetry::{Observed, source_label};
 use super::topics::Names;
-use super::wire::{self, OutRecord, header};
+use super::wire::{self, OutRecord, Outbox, header};
 use crate::capability;
 use crate::core::{Core, Effects, Input, TaskContext};
 use crate::store::{self, RocksStore, Store, keys::Table};
@@ -37,10 +37,10 @@ pub enum Error {
         #[source]
         source: store::Error,
     },
-    #[error("partition {partition}: outbox entry {sequence}: {source}")]
+    #[error("partition {partition}: outbox row {row}: {source}")]
     Outbox {
         partition: i32,
-        sequence: u64,
+        row: u64,
         #[source]
         source: wire::DecodeError,
     },
@@ -113,7 +113,7 @@ pub struct PartitionTask {
     /// Outbox sequence of the next entry (persisted with each batch).
     next_outbox: u64,
     /// Outbox entries staged by the current batch, not yet durable.
-    staged_outbox: Vec<(u64, OutRecord)>,
+    staged_outbox: Vec<OutRecord>,
     /// Input offsets advanced by the current batch (topic → next offset).
     staged_offsets: BTreeMap<String, i64>,
     /// The changelog offset this task's next record lands at if nobody else writes there;
@@ -125,6 +125,10 @@ pub struct PartitionTask {
     /// The trace context (`traceparent`, `tracestate`) of the input being decided: every output
     /// it causes carries it. Empty between inputs.
     trace_headers: Vec<(String, Vec<u8>)>,
+    /// When this task last journaled a checkpoint (its first batch counts as one).
+    last_checkpoint: Option<i64>,
+    /// Something changed since the last checkpoint: one is owed within the interval.
+    unchecked: bool,
 }
 
 impl std::fmt::Debug for PartitionTask {
@@ -161,6 +165,8 @@ impl PartitionTask {
             counters: Counters::default(),
             observed: Observed::default(),
             trace_headers: Vec::new(),
+            last_checkpoint: None,
+            unchecked: false,
         })
     }
 
@@ -296,16 +302,31 @@ impl PartitionTask {
         self.stage_outputs(&effects)
     }
 
+    /// Journals a checkpoint when something changed since the last one and `every_ms` passed:
+    /// a partition that changed gets one within the interval even once it is idle, so a replay
+    /// can verify its whole journal.
+    pub fn checkpoint_if_due(&mut self, now: i64, every_ms: i64) -> Result<()> {
+        let last = *self.last_checkpoint.get_or_insert(now);
+        self.unchecked |= self.is_dirty();
+        if self.unchecked && now - last >= every_ms {
+            self.checkpoint(now)?;
+            self.last_checkpoint = Some(now);
+            self.unchecked = false;
+        }
+        Ok(())
+    }
+
     /// True when the current batch staged anything.
     pub fn is_dirty(&self) -> bool {
         !self.staged_outbox.is_empty() || self.task.store().staged().next().is_some()
     }
 
-    /// Turns the batch's state rows into changelog records, stages the outbox, and commits the
-    /// whole batch in one `WriteBatch`. Returns the records to produce, in outbox order.
-    pub fn seal(&mut self, now: i64) -> Result<Vec<(u64, OutRecord)>> {
+    /// Turns the batch's state rows into changelog records, stages the outbox (one row), and
+    /// commits the whole batch in one `WriteBatch`. Returns the records to produce, in outbox
+    /// order (none when the batch staged nothing).
+    pub fn seal(&mut self, now: i64) -> Result<Outbox> {
         if !self.is_dirty() {
-            return Ok(Vec::new());
+            return Ok(Outbox::default());
         }
         let partition = self.partition();
         let owner_epoch = self.owner_epoch();
@@ -359,27 +380,31 @@ impl PartitionTask {
         for r in changelog {
             self.push_outbox(r);
         }
-        let out = std::mem::take(&mut self.staged_outbox);
+        let records = std::mem::take(&mut self.staged_outbox);
+        let row = self.next_outbox;
         let store = self.task.store_mut();
-        for (seq, r) in &out {
+        if !records.is_empty() {
+            // The whole batch as one row: written, acknowledged and deleted together.
             store.stage_raw(
                 Table::Outbox,
-                &seq.to_be_bytes(),
-                Some(wire::encode_outbox(r)),
+                &row.to_be_bytes(),
+                Some(wire::encode_outbox_row(&records)),
+            );
+            self.next_outbox += 1;
+            store.stage_raw(
+                Table::Meta,
+                META_OUTBOX_NEXT,
+                Some(self.next_outbox.to_be_bytes().to_vec()),
             );
         }
-        store.stage_raw(
-            Table::Meta,
-            META_OUTBOX_NEXT,
-            Some(self.next_outbox.to_be_bytes().to_vec()),
-        );
         self.task.commit()?;
         self.staged_offsets.clear();
-        Ok(out)
+        Ok(Outbox { row, records })
     }
 
-    /// Marks outbox entries done after the broker acknowledged them; `changelog` is where this
-    /// batch's changelog records landed. Staged: lands with the next batch.
+    /// Marks a sealed batch's outbox row done after the broker acknowledged its records;
+    /// `changelog` is where the batch's changelog records landed. Staged: lands with the next
+    /// batch.
     ///
     /// The store's known changelog end (`META_CHANGELOG_NEXT`, where the next claim starts
     /// looking for another owner's records) advances only over offsets this task wrote itself,
@@ -387,12 +412,10 @@ impl PartitionTask {
     /// while this task is a zombie that has not yet heard of its revocation) freeze it, so the
     /// next claim reads them, finds the later epoch and rebuilds instead of trusting state the
     /// fence has voided.
-    pub fn acknowledged(&mut self, sequences: &[u64], changelog: Option<Span>) {
+    pub fn acknowledged(&mut self, row: u64, changelog: Option<Span>) {
         let partition = self.partition();
         let store = self.task.store_mut();
-        for seq in sequences {
-            store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
-        }
+        store.stage_raw(Table::Outbox, &row.to_be_bytes(), None);
         let (Some(span), Some(next)) = (changelog, self.changelog_next) else {
             return;
         };
@@ -712,9 +735,7 @@ impl PartitionTask {
 
     fn push_outbox(&mut self, mut r: OutRecord) {
         r.headers.extend(self.trace_headers.iter().cloned());
-        let seq = self.next_outbox;
-        self.next_outbox += 1;
-        self.staged_outbox.push((seq, r));
+        self.staged_outbox.push(r);
     }
 }
 
@@ -809,8 +830,8 @@ pub fn read_i64(
     Ok(Some(i64::from_be_bytes(arr)))
 }
 
-/// Every outbox entry not yet acknowledged, in order (produced again after a restart).
-pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<(u64, OutRecord)>> {
+/// Every outbox row not yet acknowledged, in seal order (produced again after a restart).
+pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<Outbox>> {
     use crate::store::Backend;
     let (start, end) = Table::Outbox.range();
     let rows = store
@@ -819,16 +840,16 @@ pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<(u64, Ou
         .map_err(|source| Error::Store { partition, source })?;
     rows.into_iter()
         .map(|(k, v)| {
-            let seq = k
+            let row = k
                 .get(1..9)
                 .and_then(|b| b.try_into().ok())
                 .map(u64::from_be_bytes)
                 .unwrap_or(0);
-            wire::decode_outbox(&v)
-                .map(|r| (seq, r))
+            wire::decode_outbox_row(&v)
+                .map(|records| Outbox { row, records })
                 .map_err(|source| Error::Outbox {
                     partition,
-                    sequence: seq,
+                    row,
                     source,
                 })
         })

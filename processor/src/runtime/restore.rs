@@ -173,12 +173,12 @@ impl Claim {
 
         // 1. What the last incarnation committed but may not have produced.
         let pending = partition::pending_outbox(&store, partition)?;
-        report.resent = pending.len();
+        report.resent = pending.iter().map(|o| o.records.len()).sum();
         if !pending.is_empty() {
-            let records: Vec<OutRecord> = pending.iter().map(|(_, r)| r.clone()).collect();
+            let records: Vec<OutRecord> = pending.iter().flat_map(|o| o.records.clone()).collect();
             self.producer.send_phased(&records)?;
-            for (seq, _) in &pending {
-                store.stage_raw(Table::Outbox, &seq.to_be_bytes(), None);
+            for o in &pending {
+                store.stage_raw(Table::Outbox, &o.row.to_be_bytes(), None);
             }
             store
                 .commit()

@@ -1,11 +1,14 @@
 //! `airlock run`: the processor instance. One consumer group over the four input topics, one
 //! [`PartitionTask`] per partition this instance owns, one batch loop:
 //!
-//! 1. poll up to `batch.max_records` records, or until `batch.flush_interval_ms` passed since
-//!    the first one, or until none came for `batch.idle_ms`;
+//! 1. poll until every owned partition has `batch.max_records` records waiting, or until
+//!    `batch.flush_interval_ms` passed since the first one, or until none came for
+//!    `batch.idle_ms`; the batch takes up to `batch.max_records` of each partition (the rest
+//!    waits for the next, see [`intake`](super::intake));
 //! 2. each record goes to its partition's task (decide or dead-letter; offset staged);
 //! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
-//!    RocksDB `WriteBatch` with state, offsets and outbox;
+//!    RocksDB `WriteBatch` with state, offsets and outbox. Steps 2 and 3 run the partitions
+//!    side by side on up to `processor.threads` threads ([`decide`](super::decide));
 //! 4. the outbox is produced: the batch's outputs at once, its changelog once they are
 //!    acknowledged, while the next batches are read and decided (at most
 //!    `batch.max_in_flight` batches wait; see [`flight`](super::flight)); entries whose
@@ -30,20 +33,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_schemas::Codec;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::message::Headers;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::config::Config;
+use super::decide;
 use super::flight::{Done, Flights};
-use super::partition::{self, InputRecord, PartitionTask, Position, Source};
+use super::intake::Intake;
+use super::partition::{self, PartitionTask, Source};
 use super::produce::{self, Producer};
 use super::restore::{self, Claim};
 use super::telemetry::{LAG_INTERVAL, Telemetry};
 use super::topics::{self, Names};
 use crate::core::Core;
 use crate::store::RocksOptions;
-use crate::telemetry::{server, trace};
+use crate::telemetry::server;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -93,6 +97,9 @@ struct Shared {
     /// A failure inside a rebalance callback, raised by the loop after `poll` returns.
     fatal: Option<Error>,
     claims: u64,
+    /// Counts rebalances: records polled before one are dropped (the consumer was positioned
+    /// again at the stored offsets).
+    generation: u64,
 }
 
 struct Ctx {
@@ -140,6 +147,7 @@ impl ConsumerContext for Ctx {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
+        shared.generation += 1;
         // Whatever the tasks sealed leaves before they are dropped or claimed again. Their
         // acknowledgements are not marked (the tasks go): the next claim resends those
         // outbox entries under the same identity, and readers drop the copies.
@@ -249,11 +257,11 @@ impl Ctx {
 fn acknowledge(shared: &mut Shared, done: Vec<Done>, names: &Names, telemetry: &Telemetry) {
     let changelog = names.changelog();
     for batch in done {
-        for (p, seqs) in &batch.sequences {
+        for &(p, row) in &batch.rows {
             telemetry.outbox_backlog.set(&[&p.to_string()], 0.0);
             // The task may have been revoked meanwhile: its next owner resends.
-            if let Some(task) = shared.tasks.get_mut(p) {
-                task.acknowledged(seqs, batch.changelog.span(&changelog, *p));
+            if let Some(task) = shared.tasks.get_mut(&p) {
+                task.acknowledged(row, batch.changelog.span(&changelog, p));
             }
         }
     }
@@ -270,7 +278,7 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn wall_ms() -> i64 {
+pub(super) fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -393,6 +401,7 @@ fn run_loop(
         flights: Flights::default(),
         fatal: None,
         claims: 0,
+        generation: 0,
     }));
     let ctx = Ctx {
         shared: shared.clone(),
@@ -449,111 +458,76 @@ fn run_loop(
     ]
     .into_iter()
     .collect();
-    let checkpoint_every = config.processor.checkpoint_interval_ms as i64;
-    let mut last_checkpoint: BTreeMap<i32, i64> = BTreeMap::new();
-    let mut unchecked: BTreeSet<i32> = BTreeSet::new();
     let mut summary = Summary::default();
     let mut last_report = Instant::now();
+    let mut intake = Intake::default();
+    let mut generation = lock(&shared).generation;
 
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.beat();
-        // 1-2. Collect and decide a batch.
-        let mut handled = 0usize;
-        let mut first: Option<Instant> = None;
-        while handled < config.batch.max_records {
+        // 1. Collect a batch: up to `batch.max_records` of every owned partition.
+        let owned = lock(&shared).tasks.len();
+        let per_partition = config.batch.max_records;
+        let mut first = (!intake.is_empty()).then(Instant::now);
+        while !intake.is_full(owned, per_partition) {
             let Some(timeout) = config.batch.poll_timeout(first) else {
                 break;
             };
             let Some(polled) = consumer.poll(timeout) else {
                 break;
             };
-            if let Some(e) = lock(&shared).fatal.take() {
-                return Err(e);
-            }
-            let message = match polled {
-                Ok(m) => m,
-                Err(e) => {
-                    log::warn!("consumer: {e}");
-                    continue;
+            {
+                let mut guard = lock(&shared);
+                if let Some(e) = guard.fatal.take() {
+                    return Err(e);
                 }
-            };
-            first.get_or_insert_with(Instant::now);
-            let topic = message.topic();
-            let Some(&source) = sources.get(topic) else {
-                continue;
-            };
-            let mut guard = lock(&shared);
-            // A record of a partition revoked during this poll: its next owner reads it from
-            // the offsets stored with the state.
-            let Some(task) = guard.tasks.get_mut(&message.partition()) else {
-                continue;
-            };
-            match task.position_of(topic, message.offset())? {
-                Position::Next => {}
-                Position::AlreadyConsumed => continue,
-                Position::Gap { expected } => {
-                    return Err(Error::Gap {
-                        topic: topic.to_owned(),
-                        partition: message.partition(),
-                        expected,
-                        got: message.offset(),
-                    });
+                // A rebalance inside this poll positioned every owned partition at its stored
+                // offsets: what was read before is fetched again.
+                if guard.generation != generation {
+                    generation = guard.generation;
+                    intake.clear();
                 }
             }
-            let timestamp = message.timestamp().to_millis().unwrap_or_else(wall_ms);
-            let parent = trace::extract(
-                message
-                    .headers()
-                    .into_iter()
-                    .flat_map(|hs| hs.iter())
-                    .map(|h| (h.key, h.value.unwrap_or_default())),
-            );
-            task.handle_record_in(
-                &InputRecord {
-                    source,
-                    topic,
-                    offset: message.offset(),
-                    key: message.key(),
-                    payload: message.payload(),
-                    timestamp,
-                },
-                &parent,
-            )?;
-            handled += 1;
+            match polled {
+                Ok(m) if sources.contains_key(m.topic()) => {
+                    first.get_or_insert_with(Instant::now);
+                    intake.push(m);
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("consumer: {e}"),
+            }
         }
         if let Some(e) = lock(&shared).fatal.take() {
             return Err(e);
         }
+        let records = intake.take(per_partition);
 
+        // 2-3. Decide, fire timers, checkpoint, seal: each partition on one thread.
         let t_decided = Instant::now();
-        // 3. Timers, checkpoints, seal.
         let now = wall_ms();
         let mut out = Vec::new();
         let mut observed = Vec::new();
+        let mut handled = 0;
         {
             let mut guard = lock(&shared);
-            for (&p, task) in guard.tasks.iter_mut() {
-                task.fire_timers(now, config.processor.timers_per_batch)?;
-                let last = last_checkpoint.entry(p).or_insert(now);
-                // A partition that changed since its last checkpoint gets one within the
-                // interval, even once it is idle: a replay can verify its whole journal.
-                if task.is_dirty() {
-                    unchecked.insert(p);
-                }
-                if unchecked.contains(&p) && now - *last >= checkpoint_every {
-                    task.checkpoint(now)?;
-                    *last = now;
-                    unchecked.remove(&p);
-                }
-                let sealed = task.seal(now)?;
-                observed.push(task.take_observed());
-                telemetry.scan_outstanding(p, task.store(), now);
-                if !sealed.is_empty() {
+            let settings = decide::Settings {
+                now,
+                timers_per_batch: config.processor.timers_per_batch,
+                checkpoint_every_ms: config.processor.checkpoint_interval_ms as i64,
+                threads: config.processor.threads,
+            };
+            for d in decide::decide_batch(&mut guard.tasks, records, &sources, settings)? {
+                handled += d.handled;
+                observed.push(d.observed);
+                if !d.sealed.records.is_empty() {
                     telemetry
                         .outbox_backlog
-                        .set(&[&p.to_string()], sealed.len() as f64);
-                    out.push((p, sealed));
+                        .set(&[&d.partition.to_string()], d.sealed.records.len() as f64);
+                    out.push((d.partition, d.sealed));
                 }
+            }
+            for (&p, task) in &guard.tasks {
+                telemetry.scan_outstanding(p, task.store(), now);
             }
         }
 
@@ -630,6 +604,8 @@ fn run_loop(
         }
         summary.claims = guard.claims;
     }
+    // Read ahead, never decided: the next owner reads them from the stored offsets.
+    drop(intake);
     consumer.unsubscribe();
     drop(consumer);
     producer.flush(Duration::from_secs(30))?;

@@ -125,11 +125,90 @@ pub struct DecodeError {
     pub what: &'static str,
 }
 
+/// One record per outbox row (how rows were written before version 2; still read).
 const OUTBOX_VERSION: u8 = 1;
+/// One row per sealed batch of a partition: `[2][n u32]{[length u32][version-1 entry]}`.
+/// A batch's records are written, acknowledged and deleted together, so one RocksDB entry
+/// instead of one per record (and one tombstone instead of one per record).
+const OUTBOX_ROW_VERSION: u8 = 2;
+
+/// One partition's sealed batch in the outbox: the row that holds it and its records, in
+/// outbox order (outputs, then the changelog). Done once the row is deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outbox {
+    /// The row's key in the outbox table (rows are numbered in seal order).
+    pub row: u64,
+    pub records: Vec<OutRecord>,
+}
+
+/// A sealed batch's records as one outbox row.
+pub fn encode_outbox_row(records: &[OutRecord]) -> Vec<u8> {
+    let size: usize = records
+        .iter()
+        .map(|r| 96 + r.value.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut out = Vec::with_capacity(5 + size);
+    out.push(OUTBOX_ROW_VERSION);
+    out.extend_from_slice(&(records.len() as u32).to_be_bytes());
+    for r in records {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        write_outbox(&mut out, r);
+        let len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    }
+    out
+}
+
+/// The records of an outbox row, of either version.
+pub fn decode_outbox_row(buf: &[u8]) -> Result<Vec<OutRecord>, DecodeError> {
+    match buf.first() {
+        Some(&OUTBOX_VERSION) => return Ok(vec![decode_outbox(buf)?]),
+        Some(&OUTBOX_ROW_VERSION) => {}
+        _ => {
+            return Err(DecodeError {
+                at: 0,
+                what: "unknown version",
+            });
+        }
+    }
+    let read_u32 = |at: usize, what| {
+        buf.get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or(DecodeError { at, what })
+    };
+    let n = read_u32(1, "record count")?;
+    let mut at = 5;
+    let mut records = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let len = read_u32(at, "record length")?;
+        let entry = buf
+            .get(at + 4..at + 4 + len)
+            .ok_or(DecodeError { at, what: "record" })?;
+        records.push(decode_outbox(entry).map_err(|e| DecodeError {
+            at: at + 4 + e.at,
+            what: e.what,
+        })?);
+        at += 4 + len;
+    }
+    if at != buf.len() {
+        return Err(DecodeError {
+            at,
+            what: "trailing bytes",
+        });
+    }
+    Ok(records)
+}
 
 /// `[version][phase][partition i32][topic][key?][value?][n headers u32]{[name][value]}`, every
 /// variable field as `u32 length ++ bytes`, optional fields with a presence byte first.
 pub fn encode_outbox(r: &OutRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + r.value.as_ref().map_or(0, Vec::len));
+    write_outbox(&mut out, r);
+    out
+}
+
+fn write_outbox(out: &mut Vec<u8>, r: &OutRecord) {
     fn bytes(out: &mut Vec<u8>, b: &[u8]) {
         out.extend_from_slice(&(b.len() as u32).to_be_bytes());
         out.extend_from_slice(b);
@@ -143,19 +222,17 @@ pub fn encode_outbox(r: &OutRecord) -> Vec<u8> {
             None => out.push(0),
         }
     }
-    let mut out = Vec::with_capacity(64 + r.value.as_ref().map_or(0, Vec::len));
     out.push(OUTBOX_VERSION);
     out.push(r.phase);
     out.extend_from_slice(&r.partition.to_be_bytes());
-    bytes(&mut out, r.topic.as_bytes());
-    opt(&mut out, r.key.as_deref());
-    opt(&mut out, r.value.as_deref());
+    bytes(out, r.topic.as_bytes());
+    opt(out, r.key.as_deref());
+    opt(out, r.value.as_deref());
     out.extend_from_slice(&(r.headers.len() as u32).to_be_bytes());
     for (k, v) in &r.headers {
-        bytes(&mut out, k.as_bytes());
-        bytes(&mut out, v);
+        bytes(out, k.as_bytes());
+        bytes(out, v);
     }
-    out
 }
 
 pub fn decode_outbox(buf: &[u8]) -> Result<OutRecord, DecodeError> {
@@ -336,6 +413,36 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode_outbox(&long).is_err());
+    }
+
+    #[test]
+    fn outbox_rows_hold_a_batch_and_still_read_single_record_rows() {
+        let records: Vec<OutRecord> = (0..3)
+            .map(|i| OutRecord {
+                topic: format!("airlock.t{i}"),
+                partition: i,
+                key: (i != 1).then(|| format!("k{i}").into_bytes()),
+                value: Some(vec![i as u8; 10 * i as usize]),
+                headers: identity("decision", &format!("p/{i}"), i, 7),
+                phase: u8::from(i == 2),
+            })
+            .collect();
+        let row = encode_outbox_row(&records);
+        assert_eq!(decode_outbox_row(&row).unwrap(), records);
+        for cut in 0..row.len() {
+            assert!(decode_outbox_row(&row[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = row.clone();
+        long.push(0);
+        assert!(decode_outbox_row(&long).is_err());
+        assert_eq!(decode_outbox_row(&encode_outbox_row(&[])).unwrap(), vec![]);
+        // A row written one record per row, before version 2.
+        let single = encode_outbox(&records[0]);
+        assert_eq!(
+            decode_outbox_row(&single).unwrap(),
+            vec![records[0].clone()]
+        );
+        assert!(decode_outbox_row(&[9, 0, 0, 0, 0]).is_err());
     }
 
     #[test]

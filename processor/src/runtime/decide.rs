@@ -1,0 +1,207 @@
+//! One batch's decisions: each owned partition's task decides its records in offset order,
+//! fires its due timers, journals a checkpoint when one is due and seals its `WriteBatch`, the
+//! partitions side by side on up to `processor.threads` threads.
+//!
+//! A partition's work never leaves one thread, so its decisions, journal sequence and outbox
+//! order are exactly those of a single-threaded run; only different partitions overlap. That
+//! is where the time goes on a busy instance: deciding (Cedar, JSON, Avro) and the RocksDB
+//! commit, including its fsync, are per partition and share nothing but the `Core`.
+
+use std::collections::BTreeMap;
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Headers};
+
+use super::partition::{InputRecord, PartitionTask, Position, Source};
+use super::run::{Error, Result};
+use super::telemetry::Observed;
+use super::wire::Outbox;
+use crate::telemetry::trace;
+
+/// What a batch asks of every task besides its records.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Wall-clock time of the batch: timers due by then fire, at their own due time.
+    pub now: i64,
+    pub timers_per_batch: usize,
+    pub checkpoint_every_ms: i64,
+    /// At most this many threads, the calling one included.
+    pub threads: usize,
+}
+
+/// One partition's share of a decided batch.
+#[derive(Debug)]
+pub struct Decided {
+    pub partition: i32,
+    /// Input records decided or dead-lettered (redeliveries of consumed ones not counted).
+    pub handled: usize,
+    /// What `seal` made durable, in outbox order: to be produced.
+    pub sealed: Outbox,
+    pub observed: Observed,
+}
+
+/// Decides `records` (any partitions, each partition's in offset order) with the tasks that own
+/// them, and seals every task. Records of a partition not in `tasks` are left alone (it was
+/// revoked; its next owner reads them from the stored offsets). Results are in partition order.
+pub fn decide_batch(
+    tasks: &mut BTreeMap<i32, PartitionTask>,
+    records: Vec<BorrowedMessage<'_>>,
+    sources: &BTreeMap<&str, Source>,
+    settings: Settings,
+) -> Result<Vec<Decided>> {
+    let mut by_partition: BTreeMap<i32, Vec<BorrowedMessage<'_>>> = BTreeMap::new();
+    for m in records {
+        by_partition.entry(m.partition()).or_default().push(m);
+    }
+    let work: Vec<(&mut PartitionTask, Vec<BorrowedMessage<'_>>)> = tasks
+        .iter_mut()
+        .map(|(p, task)| (task, by_partition.remove(p).unwrap_or_default()))
+        .collect();
+    let lanes = lanes(work, settings.threads, |(_, records)| records.len());
+    let mut decided = if lanes.len() <= 1 {
+        lanes
+            .into_iter()
+            .flatten()
+            .map(|(task, records)| decide_partition(task, records, sources, settings))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        std::thread::scope(|scope| {
+            let mut lanes = lanes.into_iter();
+            let here = lanes.next().unwrap_or_default();
+            let spawned: Vec<_> = lanes
+                .map(|lane| {
+                    scope.spawn(move || {
+                        lane.into_iter()
+                            .map(|(task, records)| {
+                                decide_partition(task, records, sources, settings)
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut all = here
+                .into_iter()
+                .map(|(task, records)| decide_partition(task, records, sources, settings))
+                .collect::<Result<Vec<_>>>()?;
+            for handle in spawned {
+                match handle.join() {
+                    Ok(lane) => all.extend(lane?),
+                    // A panic in a task is a bug: let it end the process as it would have on
+                    // the polling thread.
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            Ok::<_, Error>(all)
+        })?
+    };
+    decided.sort_by_key(|d| d.partition);
+    Ok(decided)
+}
+
+/// Splits `items` into at most `threads` lanes of about equal weight (heaviest first onto the
+/// lightest lane), one lane per item of non-zero weight at most. An item of weight zero (a
+/// task without records still seals: timers, acknowledgements) counts as one.
+fn lanes<T>(mut items: Vec<T>, threads: usize, weight: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let busy = items.iter().filter(|i| weight(i) > 0).count();
+    let n = threads.clamp(1, busy.max(1));
+    items.sort_by_key(|i| std::cmp::Reverse(weight(i)));
+    let mut lanes: Vec<(usize, Vec<T>)> = (0..n).map(|_| (0, Vec::new())).collect();
+    for item in items {
+        let lightest = lanes
+            .iter_mut()
+            .min_by_key(|(load, _)| *load)
+            .expect("at least one lane");
+        lightest.0 += weight(&item).max(1);
+        lightest.1.push(item);
+    }
+    lanes.into_iter().map(|(_, lane)| lane).collect()
+}
+
+fn decide_partition(
+    task: &mut PartitionTask,
+    records: Vec<BorrowedMessage<'_>>,
+    sources: &BTreeMap<&str, Source>,
+    settings: Settings,
+) -> Result<Decided> {
+    let partition = task.partition();
+    let mut handled = 0;
+    for message in &records {
+        let topic = message.topic();
+        let Some(&source) = sources.get(topic) else {
+            continue;
+        };
+        match task.position_of(topic, message.offset())? {
+            Position::Next => {}
+            Position::AlreadyConsumed => continue,
+            Position::Gap { expected } => {
+                return Err(Error::Gap {
+                    topic: topic.to_owned(),
+                    partition,
+                    expected,
+                    got: message.offset(),
+                });
+            }
+        }
+        let timestamp = message
+            .timestamp()
+            .to_millis()
+            .unwrap_or_else(super::run::wall_ms);
+        let parent = trace::extract(
+            message
+                .headers()
+                .into_iter()
+                .flat_map(|hs| hs.iter())
+                .map(|h| (h.key, h.value.unwrap_or_default())),
+        );
+        task.handle_record_in(
+            &InputRecord {
+                source,
+                topic,
+                offset: message.offset(),
+                key: message.key(),
+                payload: message.payload(),
+                timestamp,
+            },
+            &parent,
+        )?;
+        handled += 1;
+    }
+    // The messages go back to librdkafka before the commit's fsync.
+    drop(records);
+    task.fire_timers(settings.now, settings.timers_per_batch)?;
+    task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
+    let sealed = task.seal(settings.now)?;
+    Ok(Decided {
+        partition,
+        handled,
+        sealed,
+        observed: task.take_observed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loads(weights: &[usize], threads: usize) -> Vec<Vec<usize>> {
+        lanes(weights.to_vec(), threads, |w| *w)
+    }
+
+    #[test]
+    fn lanes_balance_records_and_never_exceed_threads_or_busy_partitions() {
+        assert_eq!(
+            loads(&[100, 100, 100], 8),
+            vec![vec![100], vec![100], vec![100]]
+        );
+        assert_eq!(
+            loads(&[100, 300, 100, 100], 2),
+            vec![vec![300], vec![100, 100, 100]]
+        );
+        // Idle tasks still seal, on the lanes the busy ones leave lightest.
+        assert_eq!(loads(&[5, 0, 0], 4), vec![vec![5, 0, 0]]);
+        assert_eq!(loads(&[0, 0], 4), vec![vec![0, 0]]);
+        assert_eq!(loads(&[], 4), vec![Vec::<usize>::new()]);
+        assert_eq!(loads(&[7, 7, 7], 1), vec![vec![7, 7, 7]]);
+        assert_eq!(loads(&[7, 7, 7], 0), vec![vec![7, 7, 7]]);
+    }
+}
