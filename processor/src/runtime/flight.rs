@@ -1,7 +1,7 @@
 //! Sealed batches on their way to the broker: the outbox flush of DESIGN.md section 6,
 //! pipelined. A batch's outputs are sent as soon as it is sealed (they are durable in the
 //! RocksDB outbox by then), its changelog records once every output of the batch is
-//! acknowledged, and its outbox entries are marked done once the changelog is acknowledged.
+//! acknowledged, and its outbox rows are marked done once the changelog is acknowledged.
 //! Meanwhile the next batches are read and decided.
 //!
 //! Order is kept where it matters: a batch's changelog never leaves before its outputs are

@@ -4,7 +4,7 @@
 //! - [`config`]: the one configuration file and its environment overrides.
 //! - [`partitioner`]: the partition of an operation key (Kafka's murmur2).
 //! - [`topics`]: topic names, `airlock topics create`, the co-partitioning check.
-//! - [`wire`]: output headers, owner-epoch fence markers, the outbox entry format, the
+//! - [`wire`]: output headers, owner-epoch fence markers, the outbox row format, the
 //!   consumer-side fence filter.
 //! - [`partition`]: one partition's task: decode or dead-letter, decide, seal a batch.
 //! - [`intake`]: records read ahead per partition, so that a batch holds every partition.

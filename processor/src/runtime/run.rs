@@ -150,7 +150,7 @@ impl ConsumerContext for Ctx {
         shared.generation += 1;
         // Whatever the tasks sealed leaves before they are dropped or claimed again. Their
         // acknowledgements are not marked (the tasks go): the next claim resends those
-        // outbox entries under the same identity, and readers drop the copies.
+        // outbox rows under the same identity, and readers drop the copies.
         if let Err(e) = shared.flights.advance(&self.claim.producer, 0) {
             log::error!("flushing the batches in flight: {e}");
             shared.fatal.get_or_insert(e.into());
