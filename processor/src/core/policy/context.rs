@@ -180,12 +180,17 @@ fn restricted(
 ) -> Result<Option<RestrictedExpression>, String> {
     Ok(Some(match (value, reads) {
         (Value::Null, _) => return Ok(None),
-        (Value::Object(map), Reads::Fields(fields)) => {
+        (Value::Object(map), reads) => {
+            // The fields `reads` names that are present, each with what is read of it.
+            let fields: Vec<(&String, &Value, &Reads)> = match reads {
+                Reads::All => map.iter().map(|(k, v)| (k, v, &Reads::All)).collect(),
+                Reads::Fields(fields) => fields
+                    .iter()
+                    .filter_map(|(k, inner)| map.get(k).map(|v| (k, v, inner)))
+                    .collect(),
+            };
             let mut record = Vec::with_capacity(fields.len());
-            for (key, inner) in fields {
-                let Some(item) = map.get(key) else {
-                    continue;
-                };
+            for (key, item, inner) in fields {
                 let base = path.len();
                 push_key(path, key);
                 if let Some(field) = restricted(item, inner, path)? {
@@ -223,19 +228,6 @@ fn restricted(
                 path.truncate(base);
             }
             RestrictedExpression::new_set(elements)
-        }
-        (Value::Object(map), Reads::All) => {
-            let mut record = Vec::with_capacity(map.len());
-            for (key, item) in map {
-                let base = path.len();
-                push_key(path, key);
-                if let Some(field) = restricted(item, &Reads::All, path)? {
-                    record.push((key.clone(), field));
-                }
-                path.truncate(base);
-            }
-            RestrictedExpression::new_record(record)
-                .map_err(|error| format!("context {path}: {error}"))?
         }
     }))
 }
