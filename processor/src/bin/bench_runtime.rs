@@ -1,8 +1,9 @@
 //! `airlock-bench-runtime`: the processor against a real broker, next to a pass-through
 //! baseline measured in the same run on the same broker.
 //!
-//! 1. **pass-through**: a consumer group member that reads the proposals and, per batch (same
-//!    size and flush interval), produces as many records per input as the processor does, with
+//! 1. **pass-through**: a consumer assigned every proposals partition (no group: a join or
+//!    rebalance inside its clock made it swing 3× between runs) that reads the proposals and,
+//!    per batch (same size and flush interval), produces as many records per input as the processor does, with
 //!    the same producer (idempotent, acks=all, lz4) and the same number of batches in flight
 //!    (`batch.max_in_flight`), waiting for the acknowledgements as the processor does;
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
@@ -265,7 +266,13 @@ fn pass_through(
         .set("partition.assignment.strategy", "range")
         .set("session.timeout.ms", "6000")
         .create()?;
-    consumer.subscribe(&[&names.proposals()])?;
+    // Assigned, not subscribed: the baseline should measure reading and writing, not a group
+    // join or rebalance that happens to fall inside its clock.
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..config.topics.partitions {
+        assignment.add_partition_offset(&names.proposals(), p, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
     let producer = Producer::new(&config.client_config(), config.processor.linger_ms)?;
     let out_topic = format!("{}passthrough", config.topics.prefix);
     let mut consumed = 0usize;
