@@ -43,13 +43,13 @@ impl RocksBackend {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
         // Most reads of fresh keys miss: bloom filters answer them without touching data
-        // blocks, in the memtable as well as in the SST files.
+        // blocks of the SST files. No memtable bloom: keeping it up to date on every insert cost
+        // more than it saved on lookups (airlock-bench-core fresh ≈ 32.6k → 35.3k decisions/s
+        // without it, read latency unchanged).
         let mut table = BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
         table.set_whole_key_filtering(true);
         opts.set_block_based_table_factory(&table);
-        opts.set_memtable_whole_key_filtering(true);
-        opts.set_memtable_prefix_bloom_ratio(0.1);
         let db = DB::open(&opts, path).map_err(|source| Error::Rocks {
             path: path.display().to_string(),
             source,
