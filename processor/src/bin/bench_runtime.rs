@@ -9,7 +9,9 @@
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
 //! 3. **processor, duplicates**: the same N proposals again (producer resends);
 //! 4. **latency**: proposals produced at half the processor's fresh rate, on fresh topics and
-//!    state; p50/p99 from produce to the decision being readable.
+//!    state; p50/p99 from produce to the decision being readable, next to the broker's own
+//!    share measured first in the same run: records at the same rate through one hop (produce
+//!    to readable, same producer and reader settings). The processor's path is two hops.
 //!
 //! ```sh
 //! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
@@ -130,11 +132,23 @@ fn main() -> anyhow::Result<()> {
     let latency_state = tempfile::tempdir()?;
     config.state.dir = latency_state.path().to_owned();
     let names = Names::new(&config.topics.prefix);
-    let plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
+    let mut plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
+    let hop_topic = format!("{}hop", config.topics.prefix);
+    plan.push(topics::TopicSpec {
+        name: hop_topic.clone(),
+        configs: Vec::new(),
+    });
     rt.block_on(topics::create(&config, &plan, Duration::from_secs(30)))?;
+    // The broker's share: one hop (produce to readable) at the same rate, same clients. The
+    // processor's path is two hops (the proposal in, the decision out) plus its batch.
+    let (h50, h99, hops) = hop_latency(&config, &hop_topic, rate, args.latency_seconds)?;
+    println!(
+        "broker hop at {rate:.0}/s: p50 {h50:.1} ms, p99 {h99:.1} ms over {hops} records (produce to readable)"
+    );
     let (p50, p99, count) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
-        "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)"
+        "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)  p50 ratio to two hops {:.2}",
+        p50 / (2.0 * h50)
     );
     Ok(())
 }
@@ -333,6 +347,84 @@ fn pass_through(
     flights.advance(&producer, 0)?;
     let elapsed = started.context("nothing consumed")?.elapsed().as_secs_f64();
     Ok(total as f64 / elapsed)
+}
+
+/// Records at `rate` per second for `seconds` to `topic`, read back as the latency phase reads
+/// decisions; p50/p99 from produce to readable, in ms.
+fn hop_latency(
+    config: &Config,
+    topic: &str,
+    rate: f64,
+    seconds: u64,
+) -> anyhow::Result<(f64, f64, u64)> {
+    let reader: BaseConsumer = config
+        .client_config()
+        .set("group.id", "bench-hop")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..config.topics.partitions {
+        let (_, high) = reader.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
+    }
+    reader.assign(&tpl)?;
+    let producer = base_producer(config)?;
+    let total = (rate * seconds as f64) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let sender = {
+        let topic = topic.to_owned();
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            for i in 0..total {
+                let due = start + interval.mul_f64(i as f64);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                // The payload is when it was sent, in µs since `start`: no shared map needed.
+                let at = (start.elapsed().as_micros() as u64).to_be_bytes();
+                let key = format!("hop{i}");
+                let record = BaseRecord::<str, [u8]>::to(&topic).key(&key).payload(&at);
+                producer
+                    .send(record)
+                    .map_err(|(e, _)| anyhow::anyhow!("send: {e}"))?;
+            }
+            producer.flush(Duration::from_secs(30))?;
+            Ok(())
+        })
+    };
+    let mut hist = Histogram::<u64>::new(3)?;
+    let deadline = Instant::now() + Duration::from_secs(seconds + 60);
+    let marker = Producer::new(&config.client_config(), 0)?;
+    let mut quiet_since = Instant::now();
+    while (hist.len() as usize) < total && Instant::now() < deadline {
+        let Some(m) = reader.poll(Duration::from_millis(20)) else {
+            // As for decisions: barriers move tansu's high watermark past the last records.
+            if sender.is_finished() && quiet_since.elapsed() >= Duration::from_millis(100) {
+                let marks: Vec<OutRecord> = (0..config.topics.partitions)
+                    .map(|p| OutRecord::barrier(topic, p))
+                    .collect();
+                marker.send_phased(&marks)?;
+                quiet_since = Instant::now();
+            }
+            continue;
+        };
+        quiet_since = Instant::now();
+        let m = m?;
+        let Some(sent) = m.payload().and_then(|p| <[u8; 8]>::try_from(p).ok()) else {
+            continue; // a barrier
+        };
+        let now = start.elapsed().as_micros() as u64;
+        hist.record(now.saturating_sub(u64::from_be_bytes(sent)))?;
+    }
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1000.0,
+        hist.value_at_quantile(0.99) as f64 / 1000.0,
+        hist.len(),
+    ))
 }
 
 /// Proposals at `rate` per second for `seconds`; latency from produce to decision readable.
