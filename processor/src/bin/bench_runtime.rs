@@ -272,7 +272,7 @@ fn pass_through(
     let mut consumer_config = config.client_config();
     config
         .kafka
-        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
+        .fetch_wait(&mut consumer_config, config.batch.fetch_wait_ms());
     let consumer: BaseConsumer = consumer_config
         .set("group.id", format!("{}passthrough", config.topics.prefix))
         .set("enable.auto.commit", "false")

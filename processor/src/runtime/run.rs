@@ -438,7 +438,7 @@ fn run_loop(
         );
     config
         .kafka
-        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
+        .fetch_wait(&mut consumer_config, config.batch.fetch_wait_ms());
     // No static membership (group.instance.id): tansu 0.6 revokes a static member's assignment
     // right after it is given and never assigns again (seen here with librdkafka 2.12).
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
