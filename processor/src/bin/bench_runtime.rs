@@ -43,6 +43,7 @@ use anyhow::Context;
 use clap::Parser;
 use hdrhistogram::Histogram;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -357,74 +358,30 @@ fn hop_latency(
     rate: f64,
     seconds: u64,
 ) -> anyhow::Result<(f64, f64, u64)> {
-    let reader: BaseConsumer = config
-        .client_config()
-        .set("group.id", "bench-hop")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..config.topics.partitions {
-        let (_, high) = reader.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
-    }
-    reader.assign(&tpl)?;
-    let producer = base_producer(config)?;
-    let total = (rate * seconds as f64) as usize;
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let start = Instant::now();
-    let sender = {
-        let topic = topic.to_owned();
-        std::thread::spawn(move || -> anyhow::Result<()> {
-            for i in 0..total {
-                let due = start + interval.mul_f64(i as f64);
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                // The payload is when it was sent, in µs since `start`: no shared map needed.
-                let at = (start.elapsed().as_micros() as u64).to_be_bytes();
-                let key = format!("hop{i}");
-                let record = BaseRecord::<str, [u8]>::to(&topic).key(&key).payload(&at);
-                producer
-                    .send(record)
-                    .map_err(|(e, _)| anyhow::anyhow!("send: {e}"))?;
-            }
-            producer.flush(Duration::from_secs(30))?;
-            Ok(())
-        })
-    };
-    let mut hist = Histogram::<u64>::new(3)?;
-    let deadline = Instant::now() + Duration::from_secs(seconds + 60);
-    let marker = Producer::new(&config.client_config(), 0)?;
-    let mut quiet_since = Instant::now();
-    while (hist.len() as usize) < total && Instant::now() < deadline {
-        let Some(m) = reader.poll(Duration::from_millis(20)) else {
-            // As for decisions: barriers move tansu's high watermark past the last records.
-            if sender.is_finished() && quiet_since.elapsed() >= Duration::from_millis(100) {
-                let marks: Vec<OutRecord> = (0..config.topics.partitions)
-                    .map(|p| OutRecord::barrier(topic, p))
-                    .collect();
-                marker.send_phased(&marks)?;
-                quiet_since = Instant::now();
-            }
-            continue;
-        };
-        quiet_since = Instant::now();
-        let m = m?;
-        let Some(sent) = m.payload().and_then(|p| <[u8; 8]>::try_from(p).ok()) else {
-            continue; // a barrier
-        };
-        let now = start.elapsed().as_micros() as u64;
-        hist.record(now.saturating_sub(u64::from_be_bytes(sent)))?;
-    }
-    sender
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1000.0,
-        hist.value_at_quantile(0.99) as f64 / 1000.0,
-        hist.len(),
-    ))
+    let clock = Instant::now();
+    paced_round_trip(
+        config,
+        Paced {
+            send_to: topic,
+            read_from: topic,
+            group: "bench-hop",
+            rate,
+            seconds,
+            settle: Duration::ZERO,
+        },
+        // The payload is when it was sent, in µs on `clock`: no shared map needed.
+        move |i| {
+            let at = (clock.elapsed().as_micros() as u64).to_be_bytes();
+            Ok((format!("hop{i}"), at.to_vec()))
+        },
+        |m| {
+            let Some(sent) = m.payload().and_then(|p| <[u8; 8]>::try_from(p).ok()) else {
+                return Ok(None); // a barrier
+            };
+            let now = clock.elapsed().as_micros() as u64;
+            Ok(Some(now.saturating_sub(u64::from_be_bytes(sent))))
+        },
+    )
 }
 
 /// Proposals at `rate` per second for `seconds`; latency from produce to decision readable.
@@ -439,29 +396,94 @@ fn latency(
     let flag = shutdown.clone();
     let cfg = config.clone();
     let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
-    // A reader positioned at the current end of the decisions topic.
+    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let now = now_ms();
+    let codec = Codec::new();
+    let result = paced_round_trip(
+        config,
+        Paced {
+            send_to: &names.proposals(),
+            read_from: &names.decisions(),
+            group: "bench-latency",
+            rate,
+            seconds,
+            settle: Duration::from_secs(3), // partitions claimed
+        },
+        {
+            let sent = sent.clone();
+            let codec = Codec::new();
+            move |i| {
+                let p = sample::refund(&format!("refund:lat{i}"), 1_000, now);
+                let payload = codec.encode_single_object(&p)?;
+                sent.lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .insert(p.proposal_id.clone(), Instant::now());
+                Ok((p.operation_key, payload))
+            }
+        },
+        |m| {
+            let Some(payload) = m.payload() else {
+                return Ok(None);
+            };
+            let Ok(d) = codec.decode_as::<Decision>(payload) else {
+                return Ok(None); // a fence marker or barrier
+            };
+            let at = Instant::now();
+            Ok(sent
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .remove(&d.in_reply_to)
+                .map(|t| at.duration_since(t).as_micros() as u64))
+        },
+    );
+    shutdown.store(true, Ordering::Relaxed);
+    handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("processor panicked"))??;
+    result
+}
+
+/// What a latency measurement sends and reads.
+struct Paced<'a> {
+    send_to: &'a str,
+    read_from: &'a str,
+    group: &'a str,
+    rate: f64,
+    seconds: u64,
+    /// Waited after the reader is positioned, before the first record.
+    settle: Duration,
+}
+
+/// Sends `rate × seconds` records (`record(i)` gives key and payload) at `rate` per second from
+/// a thread with the proposals' producer, reads `read_from` from its current end and records
+/// `latency(message)` in µs (`None`: not a measured record) until every record is measured or
+/// the time is up. The last records stay behind tansu's high watermark until something follows
+/// them: once the sender is done and the reader quiet, barriers (skipped) follow them.
+/// Returns p50 and p99 in ms and the count.
+fn paced_round_trip(
+    config: &Config,
+    paced: Paced<'_>,
+    mut record: impl FnMut(usize) -> anyhow::Result<(String, Vec<u8>)> + Send + 'static,
+    mut latency: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<Option<u64>>,
+) -> anyhow::Result<(f64, f64, u64)> {
     let reader: BaseConsumer = config
         .client_config()
-        .set("group.id", "bench-latency")
+        .set("group.id", paced.group)
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..config.topics.partitions {
-        let (_, high) = reader.fetch_watermarks(&names.decisions(), p, Duration::from_secs(10))?;
-        tpl.add_partition_offset(&names.decisions(), p, Offset::Offset(high))?;
+        let (_, high) = reader.fetch_watermarks(paced.read_from, p, Duration::from_secs(10))?;
+        tpl.add_partition_offset(paced.read_from, p, Offset::Offset(high))?;
     }
     reader.assign(&tpl)?;
-    std::thread::sleep(Duration::from_secs(3)); // partitions claimed
+    std::thread::sleep(paced.settle);
     let producer = base_producer(config)?;
-    let codec = Codec::new();
-    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
-    let total = (rate * seconds as f64) as usize;
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let topic = names.proposals();
+    let total = (paced.rate * paced.seconds as f64) as usize;
+    let interval = Duration::from_secs_f64(1.0 / paced.rate);
     let sender = {
-        let sent = sent.clone();
-        let now = now_ms();
+        let topic = paced.send_to.to_owned();
         std::thread::spawn(move || -> anyhow::Result<()> {
             let start = Instant::now();
             for i in 0..total {
@@ -469,16 +491,12 @@ fn latency(
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
-                let p = sample::refund(&format!("refund:lat{i}"), 1_000, now);
-                let payload = codec.encode_single_object(&p)?;
-                sent.lock()
-                    .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .insert(p.proposal_id.clone(), Instant::now());
-                let record = BaseRecord::<str, [u8]>::to(&topic)
-                    .key(p.operation_key.as_str())
+                let (key, payload) = record(i)?;
+                let r = BaseRecord::<str, [u8]>::to(&topic)
+                    .key(&key)
                     .payload(&payload);
                 producer
-                    .send(record)
+                    .send(r)
                     .map_err(|(e, _)| anyhow::anyhow!("send: {e}"))?;
             }
             producer.flush(Duration::from_secs(30))?;
@@ -486,17 +504,14 @@ fn latency(
         })
     };
     let mut hist = Histogram::<u64>::new(3)?;
-    let deadline = Instant::now() + Duration::from_secs(seconds + 60);
-    let codec = Codec::new();
-    // The last decisions stay behind tansu's high watermark until something follows them: once
-    // the sender is done and the reader quiet, barriers (skipped) follow them.
+    let deadline = Instant::now() + Duration::from_secs(paced.seconds + 60);
     let marker = Producer::new(&config.client_config(), 0)?;
     let mut quiet_since = Instant::now();
     while (hist.len() as usize) < total && Instant::now() < deadline {
         let Some(m) = reader.poll(Duration::from_millis(20)) else {
             if sender.is_finished() && quiet_since.elapsed() >= Duration::from_millis(100) {
                 let marks: Vec<OutRecord> = (0..config.topics.partitions)
-                    .map(|p| OutRecord::barrier(&names.decisions(), p))
+                    .map(|p| OutRecord::barrier(paced.read_from, p))
                     .collect();
                 marker.send_phased(&marks)?;
                 quiet_since = Instant::now();
@@ -504,27 +519,13 @@ fn latency(
             continue;
         };
         quiet_since = Instant::now();
-        let m = m?;
-        let Some(payload) = m.payload() else { continue };
-        let Ok(d) = codec.decode_as::<Decision>(payload) else {
-            continue; // a fence marker
-        };
-        let at = Instant::now();
-        if let Some(t) = sent
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .remove(&d.in_reply_to)
-        {
-            hist.record(at.duration_since(t).as_micros() as u64)?;
+        if let Some(micros) = latency(&m?)? {
+            hist.record(micros)?;
         }
     }
     sender
         .join()
         .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    shutdown.store(true, Ordering::Relaxed);
-    handle
-        .join()
-        .map_err(|_| anyhow::anyhow!("processor panicked"))??;
     Ok((
         hist.value_at_quantile(0.5) as f64 / 1000.0,
         hist.value_at_quantile(0.99) as f64 / 1000.0,
