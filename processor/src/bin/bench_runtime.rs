@@ -146,11 +146,21 @@ fn main() -> anyhow::Result<()> {
     println!(
         "broker hop at {rate:.0}/s: p50 {h50:.1} ms, p99 {h99:.1} ms over {hops} records (produce to readable)"
     );
-    let (p50, p99, count) = latency(&config, core, &names, rate, args.latency_seconds)?;
+    let (p50, p99, count, split) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
         "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)  p50 ratio to two hops {:.2}",
         p50 / (2.0 * h50)
     );
+    for (name, h) in [
+        ("produce to sealed", &split.to_sealed),
+        ("sealed to readable", &split.to_readable),
+    ] {
+        println!(
+            "  of which {name:<19} p50 {:>5.1} ms, p99 {:>5.1} ms",
+            h.value_at_quantile(0.5) as f64,
+            h.value_at_quantile(0.99) as f64
+        );
+    }
     Ok(())
 }
 
@@ -384,6 +394,14 @@ fn hop_latency(
     )
 }
 
+/// Where a decision's latency goes, in ms (wall clock): from the proposal's produce to the
+/// decision handed to the processor's producer (its record's create time: the hop in, the wait
+/// for the batch, decide and seal), and from there to readable (the hop out).
+struct Split {
+    to_sealed: Histogram<u64>,
+    to_readable: Histogram<u64>,
+}
+
 /// Proposals at `rate` per second for `seconds`; latency from produce to decision readable.
 fn latency(
     config: &Config,
@@ -391,12 +409,16 @@ fn latency(
     names: &Names,
     rate: f64,
     seconds: u64,
-) -> anyhow::Result<(f64, f64, u64)> {
+) -> anyhow::Result<(f64, f64, u64, Split)> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let flag = shutdown.clone();
     let cfg = config.clone();
     let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
-    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let sent: Arc<std::sync::Mutex<HashMap<String, (Instant, i64)>>> = Arc::default();
+    let mut split = Split {
+        to_sealed: Histogram::new(3)?,
+        to_readable: Histogram::new(3)?,
+    };
     let now = now_ms();
     let codec = Codec::new();
     let result = paced_round_trip(
@@ -417,7 +439,7 @@ fn latency(
                 let payload = codec.encode_single_object(&p)?;
                 sent.lock()
                     .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .insert(p.proposal_id.clone(), Instant::now());
+                    .insert(p.proposal_id.clone(), (Instant::now(), now_ms()));
                 Ok((p.operation_key, payload))
             }
         },
@@ -428,19 +450,27 @@ fn latency(
             let Ok(d) = codec.decode_as::<Decision>(payload) else {
                 return Ok(None); // a fence marker or barrier
             };
-            let at = Instant::now();
-            Ok(sent
+            let (at, wall) = (Instant::now(), now_ms());
+            let Some((t, t_wall)) = sent
                 .lock()
                 .map_err(|_| anyhow::anyhow!("poisoned"))?
                 .remove(&d.in_reply_to)
-                .map(|t| at.duration_since(t).as_micros() as u64))
+            else {
+                return Ok(None);
+            };
+            if let Some(created) = m.timestamp().to_millis() {
+                split.to_sealed.record((created - t_wall).max(0) as u64)?;
+                split.to_readable.record((wall - created).max(0) as u64)?;
+            }
+            Ok(Some(at.duration_since(t).as_micros() as u64))
         },
     );
     shutdown.store(true, Ordering::Relaxed);
     handle
         .join()
         .map_err(|_| anyhow::anyhow!("processor panicked"))??;
-    result
+    let (p50, p99, count) = result?;
+    Ok((p50, p99, count, split))
 }
 
 /// What a latency measurement sends and reads.

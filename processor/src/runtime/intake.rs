@@ -46,6 +46,10 @@ impl<M: Message> Intake<M> {
         self.len += 1;
     }
 
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -501,6 +501,21 @@ fn run_loop(
             return Err(e);
         }
         let records = intake.take(per_partition);
+        if log::log_enabled!(log::Level::Debug) && !records.is_empty() {
+            let wall = wall_ms();
+            let ages: Vec<i64> = records
+                .iter()
+                .filter_map(|m| m.timestamp().to_millis())
+                .map(|t| wall - t)
+                .collect();
+            log::debug!(
+                "batch start: {} records, age {}..{} ms, {} waiting",
+                records.len(),
+                ages.iter().min().unwrap_or(&0),
+                ages.iter().max().unwrap_or(&0),
+                intake.len()
+            );
+        }
 
         // 2-3. Decide, fire timers, checkpoint, seal: each partition on one thread.
         let t_decided = Instant::now();
