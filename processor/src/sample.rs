@@ -38,6 +38,7 @@ pub fn effect_record(key: &str, state: State) -> EffectRecord {
         epoch: 1,
         attempts: 1,
         used_approvals: vec![],
+        applied_controls: Vec::new(),
         retention_ms: 1_000,
         state,
         updated_at: 0,

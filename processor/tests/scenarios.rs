@@ -300,6 +300,37 @@ fn connector_unknown_reconciles_until_operator_settles() -> Vec<Decision> {
             .all(|d| d.verdict == Verdict::Committed && d.reason == Reason::OperatorSettled)
     );
     assert_eq!(e.journal[0].principal_id.as_deref(), Some("operator-olga"));
+    let settled = w.record("refund:unk");
+    // The operator's tool sends the same control again: answered DUPLICATE under the same
+    // decision id, nothing changes, the proposal gets no second reply.
+    let e = w.feed(Input::Control(sample::control(
+        "settle-1",
+        ControlKind::SettleCommitted,
+        Some("refund:unk"),
+        w.now,
+    )));
+    assert_eq!(e.decisions.len(), 1, "{:?}", e.decisions);
+    let d = &e.decisions[0];
+    assert_eq!(
+        (d.decision_id.as_str(), d.in_reply_to.as_str()),
+        ("c/settle-1", "settle-1")
+    );
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Duplicate, Reason::OperatorSettled)
+    );
+    assert_eq!(d.state, Some(EffectState::Committed));
+    assert!(e.writes.is_empty() && e.dispatches.is_empty());
+    assert_eq!(w.record("refund:unk"), settled);
+    // Another control on the closed intent is refused.
+    let e = w.feed(Input::Control(sample::control(
+        "settle-2",
+        ControlKind::SettleFailed,
+        Some("refund:unk"),
+        w.now,
+    )));
+    assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
+    assert_eq!(w.record("refund:unk"), settled);
     w.seen
 }
 
@@ -648,6 +679,17 @@ fn rejected_or_unanswered_approval_dispatches_nothing() -> Vec<Decision> {
     )));
     assert_eq!(e.decisions[0].verdict, Verdict::Cancelled);
     assert_eq!(e.decisions[0].reason, Reason::CancelledByOperator);
+    // The same cancel again: DUPLICATE, the intent stays as the first one left it.
+    let cancelled = w.record("refund:cancel");
+    let e = w.feed(Input::Control(sample::control(
+        "cancel-1",
+        ControlKind::Cancel,
+        Some("refund:cancel"),
+        w.now,
+    )));
+    assert_verdict(&e, Verdict::Duplicate, Reason::CancelledByOperator);
+    assert_eq!(e.decisions[0].decision_id, "c/cancel-1");
+    assert_eq!(w.record("refund:cancel"), cancelled);
     // A cancel cannot un-send a dispatched command.
     let p5 = sample::refund("refund:sent", 10, w.now);
     w.propose(&p5);

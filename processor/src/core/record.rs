@@ -45,6 +45,11 @@ pub struct EffectRecord {
     pub attempts: u32,
     /// Every approval id ever counted for this key: approvals are single use.
     pub used_approvals: Vec<String>,
+    /// Every operator control (settle, cancel) applied to this intent, by control id: a control
+    /// applies once, and a repeat of its id is answered DUPLICATE and changes nothing. Absent
+    /// from the JSON while empty, so rows written before it existed read and hash the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_controls: Vec<String>,
     /// Copied from the tool at creation so that purging does not depend on today's registry.
     pub retention_ms: u64,
     pub state: State,

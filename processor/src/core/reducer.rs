@@ -169,6 +169,7 @@ mod tests {
         r.principal_id = "agent \"support\" 1".into();
         r.arguments_json = r#"{"note":"café ☕","amount":1}"#.into();
         r.used_approvals = vec!["a1".into()];
+        r.applied_controls = vec!["c1".into()];
         r
     }
 

@@ -83,6 +83,9 @@ impl Core {
                 step,
             );
         };
+        if rec.applied_controls.contains(&c.control_id) {
+            return self.control_repeated(c, &rec, step);
+        }
         let open_attempt = matches!(
             rec.state,
             State::Dispatched { .. }
@@ -146,6 +149,7 @@ impl Core {
             }
         };
         rec.updated_at = now;
+        rec.applied_controls.push(c.control_id.clone());
         let mut event = self.event(JournalKind::ControlApplied, step, Some(&rec));
         event.principal_id = Some(c.operator_id.clone());
         event.verdict = Some(verdict);
@@ -164,6 +168,36 @@ impl Core {
         let to_proposal = self.reply(&id, &rec.proposal_id, &rec, verdict, reason, detail, now);
         step.out.decisions.push(to_proposal);
         step.journal(event, vec![effect_write(rec)])
+    }
+
+    /// A control whose id was already applied to this intent (an operator's tool sending it
+    /// again): answered DUPLICATE under the same decision id, with the reason of its first
+    /// application; the intent is not touched and the proposal gets no second reply.
+    fn control_repeated(&self, c: &Control, rec: &EffectRecord, step: &mut Step) -> Result<()> {
+        let reason = match c.kind {
+            ControlKind::Cancel => Reason::CancelledByOperator,
+            _ => Reason::OperatorSettled,
+        };
+        let detail = format!(
+            "control {} was already applied; the intent is {}",
+            c.control_id,
+            rec.effect_state().as_str()
+        );
+        let mut event = self.event(JournalKind::ControlApplied, step, Some(rec));
+        event.principal_id = Some(c.operator_id.clone());
+        event.verdict = Some(Verdict::Duplicate);
+        event.reason = Some(reason);
+        event.evidence = Some(detail.clone());
+        step.out.decisions.push(self.reply(
+            &format!("c/{}", c.control_id),
+            &c.control_id,
+            rec,
+            Verdict::Duplicate,
+            reason,
+            detail,
+            step.now,
+        ));
+        step.journal(event, Vec::new())
     }
 
     fn control_refused(

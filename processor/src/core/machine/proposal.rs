@@ -470,6 +470,7 @@ impl Core {
                 epoch: 0,
                 attempts: 0,
                 used_approvals: Vec::new(),
+                applied_controls: Vec::new(),
                 retention_ms: a.tool.retention_ms,
                 // Replaced below; a record is never written in this placeholder state.
                 state: State::Expired { at: now },
