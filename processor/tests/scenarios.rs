@@ -86,6 +86,12 @@ impl World {
             "ledger says so",
         )))
     }
+
+    /// An operator control issued now (settle, cancel) for `key`.
+    fn control(&mut self, id: &str, kind: ControlKind, key: Option<&str>) -> Effects {
+        let c = sample::control(id, kind, key, self.now);
+        self.feed(Input::Control(c))
+    }
 }
 
 fn decision(e: &Effects) -> &Decision {
@@ -283,12 +289,7 @@ fn connector_unknown_reconciles_until_operator_settles() -> Vec<Decision> {
     );
     // Held while UNKNOWN: no timer at all, so it is never purged nor guessed.
     assert_eq!(w.record("refund:unk").next_timer(), None);
-    let e = w.feed(Input::Control(sample::control(
-        "settle-1",
-        ControlKind::SettleCommitted,
-        Some("refund:unk"),
-        w.now,
-    )));
+    let e = w.control("settle-1", ControlKind::SettleCommitted, Some("refund:unk"));
     assert_eq!(
         e.decisions.len(),
         2,
@@ -303,12 +304,7 @@ fn connector_unknown_reconciles_until_operator_settles() -> Vec<Decision> {
     let settled = w.record("refund:unk");
     // The operator's tool sends the same control again: answered DUPLICATE under the same
     // decision id, nothing changes, the proposal gets no second reply.
-    let e = w.feed(Input::Control(sample::control(
-        "settle-1",
-        ControlKind::SettleCommitted,
-        Some("refund:unk"),
-        w.now,
-    )));
+    let e = w.control("settle-1", ControlKind::SettleCommitted, Some("refund:unk"));
     assert_eq!(e.decisions.len(), 1, "{:?}", e.decisions);
     let d = &e.decisions[0];
     assert_eq!(
@@ -323,12 +319,7 @@ fn connector_unknown_reconciles_until_operator_settles() -> Vec<Decision> {
     assert!(e.writes.is_empty() && e.dispatches.is_empty());
     assert_eq!(w.record("refund:unk"), settled);
     // Another control on the closed intent is refused.
-    let e = w.feed(Input::Control(sample::control(
-        "settle-2",
-        ControlKind::SettleFailed,
-        Some("refund:unk"),
-        w.now,
-    )));
+    let e = w.control("settle-2", ControlKind::SettleFailed, Some("refund:unk"));
     assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
     assert_eq!(w.record("refund:unk"), settled);
     w.seen
@@ -419,12 +410,7 @@ fn non_idempotent_tool_is_never_retried() -> Vec<Decision> {
         w.record("email:2").effect_state(),
         EffectState::OperatorRequired
     );
-    let e = w.feed(Input::Control(sample::control(
-        "settle-email",
-        ControlKind::SettleFailed,
-        Some("email:2"),
-        w.now,
-    )));
+    let e = w.control("settle-email", ControlKind::SettleFailed, Some("email:2"));
     assert_eq!(e.decisions[0].verdict, Verdict::Failed);
     w.seen
 }
@@ -671,34 +657,19 @@ fn rejected_or_unanswered_approval_dispatches_nothing() -> Vec<Decision> {
     // Cancelled by an operator while pending.
     let p4 = sample::refund("refund:cancel", 60_000, w.now);
     w.propose(&p4);
-    let e = w.feed(Input::Control(sample::control(
-        "cancel-1",
-        ControlKind::Cancel,
-        Some("refund:cancel"),
-        w.now,
-    )));
+    let e = w.control("cancel-1", ControlKind::Cancel, Some("refund:cancel"));
     assert_eq!(e.decisions[0].verdict, Verdict::Cancelled);
     assert_eq!(e.decisions[0].reason, Reason::CancelledByOperator);
     // The same cancel again: DUPLICATE, the intent stays as the first one left it.
     let cancelled = w.record("refund:cancel");
-    let e = w.feed(Input::Control(sample::control(
-        "cancel-1",
-        ControlKind::Cancel,
-        Some("refund:cancel"),
-        w.now,
-    )));
+    let e = w.control("cancel-1", ControlKind::Cancel, Some("refund:cancel"));
     assert_verdict(&e, Verdict::Duplicate, Reason::CancelledByOperator);
     assert_eq!(e.decisions[0].decision_id, "c/cancel-1");
     assert_eq!(w.record("refund:cancel"), cancelled);
     // A cancel cannot un-send a dispatched command.
     let p5 = sample::refund("refund:sent", 10, w.now);
     w.propose(&p5);
-    let e = w.feed(Input::Control(sample::control(
-        "cancel-2",
-        ControlKind::Cancel,
-        Some("refund:sent"),
-        w.now,
-    )));
+    let e = w.control("cancel-2", ControlKind::Cancel, Some("refund:sent"));
     assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
     w.seen
 }
@@ -768,19 +739,9 @@ fn settled_records_are_purged_after_retention_only() -> Vec<Decision> {
 
 fn control_refusals() -> Vec<Decision> {
     let mut w = World::new();
-    let e = w.feed(Input::Control(sample::control(
-        "c-none",
-        ControlKind::SettleCommitted,
-        Some("nope"),
-        w.now,
-    )));
+    let e = w.control("c-none", ControlKind::SettleCommitted, Some("nope"));
     assert_verdict(&e, Verdict::Rejected, Reason::NoPendingApproval);
-    let e = w.feed(Input::Control(sample::control(
-        "c-nokey",
-        ControlKind::SettleFailed,
-        None,
-        w.now,
-    )));
+    let e = w.control("c-nokey", ControlKind::SettleFailed, None);
     assert_verdict(&e, Verdict::Rejected, Reason::Malformed);
     w.seen
 }

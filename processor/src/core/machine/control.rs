@@ -84,7 +84,7 @@ impl Core {
             );
         };
         if rec.applied_controls.contains(&c.control_id) {
-            return self.control_repeated(c, &rec, step);
+            return self.control_repeated(c, decision_id, &rec, step);
         }
         let open_attempt = matches!(
             rec.state,
@@ -173,7 +173,13 @@ impl Core {
     /// A control whose id was already applied to this intent (an operator's tool sending it
     /// again): answered DUPLICATE under the same decision id, with the reason of its first
     /// application; the intent is not touched and the proposal gets no second reply.
-    fn control_repeated(&self, c: &Control, rec: &EffectRecord, step: &mut Step) -> Result<()> {
+    fn control_repeated(
+        &self,
+        c: &Control,
+        decision_id: String,
+        rec: &EffectRecord,
+        step: &mut Step,
+    ) -> Result<()> {
         let reason = match c.kind {
             ControlKind::Cancel => Reason::CancelledByOperator,
             _ => Reason::OperatorSettled,
@@ -189,7 +195,7 @@ impl Core {
         event.reason = Some(reason);
         event.evidence = Some(detail.clone());
         step.out.decisions.push(self.reply(
-            &format!("c/{}", c.control_id),
+            &decision_id,
             &c.control_id,
             rec,
             Verdict::Duplicate,
