@@ -58,31 +58,21 @@ pub fn decide_batch(
         .map(|(p, task)| (task, by_partition.remove(p).unwrap_or_default()))
         .collect();
     let lanes = lanes(work, settings.threads, |(_, records)| records.len());
-    let mut decided = if lanes.len() <= 1 {
-        lanes
-            .into_iter()
-            .flatten()
+    let decide_lane = |lane: Vec<(&mut PartitionTask, Vec<BorrowedMessage<'_>>)>| {
+        lane.into_iter()
             .map(|(task, records)| decide_partition(task, records, sources, settings))
-            .collect::<Result<Vec<_>>>()?
+            .collect::<Result<Vec<_>>>()
+    };
+    let mut decided = if lanes.len() <= 1 {
+        decide_lane(lanes.into_iter().flatten().collect())?
     } else {
         std::thread::scope(|scope| {
             let mut lanes = lanes.into_iter();
             let here = lanes.next().unwrap_or_default();
             let spawned: Vec<_> = lanes
-                .map(|lane| {
-                    scope.spawn(move || {
-                        lane.into_iter()
-                            .map(|(task, records)| {
-                                decide_partition(task, records, sources, settings)
-                            })
-                            .collect::<Result<Vec<_>>>()
-                    })
-                })
+                .map(|lane| scope.spawn(move || decide_lane(lane)))
                 .collect();
-            let mut all = here
-                .into_iter()
-                .map(|(task, records)| decide_partition(task, records, sources, settings))
-                .collect::<Result<Vec<_>>>()?;
+            let mut all = decide_lane(here)?;
             for handle in spawned {
                 match handle.join() {
                     Ok(lane) => all.extend(lane?),
