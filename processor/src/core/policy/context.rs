@@ -5,8 +5,9 @@
 //! per-tool policy set is searched for the ways it reaches into `context`: a chain of attribute
 //! reads from `context` (`context.a.b`, `context["a"].b`, `context.a has b`) names a path; any
 //! other use of `context` (passing it whole, an expression the search does not know) needs all
-//! of it. The request's `arguments` then carry only the fields on those paths, each path's
-//! value whole. A policy can only observe the context through such reads, so every policy
+//! of it. The request then carries only the fields on those paths, each path's value whole: the
+//! top-level fields (`tenant`, `tool_version`, `resource`, `run_id`, `arguments`) and, inside
+//! `arguments`, the argument fields. A policy can only observe the context through such reads, so every policy
 //! evaluates exactly as over the whole context: the same values, the same missing attributes,
 //! the same type errors (a value that is not a record where the path goes on is kept whole).
 //!
@@ -20,7 +21,7 @@ use serde_json::Value;
 
 use super::AuthzRequest;
 
-/// Which parts of `context.arguments` a policy set can read.
+/// Which parts of the request context a policy set can read (a record read field by field).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reads {
     /// All of them (or the policies could not be analysed).
@@ -34,7 +35,7 @@ impl Reads {
         Reads::Fields(BTreeMap::new())
     }
 
-    /// What `set`'s policies can read of `context.arguments`.
+    /// What `set`'s policies can read of `context`.
     pub fn of(set: &PolicySet) -> Self {
         let mut reads = Reads::none();
         for policy in set.policies() {
@@ -44,15 +45,21 @@ impl Reads {
             let mut paths = Vec::new();
             context_paths(&est, &mut paths);
             for path in paths {
-                match path.split_first() {
-                    // `context` whole.
-                    None => return Reads::All,
-                    Some((top, rest)) if top == "arguments" => reads.add(rest),
-                    Some(_) => {}
+                reads.add(&path);
+                if reads == Reads::All {
+                    return reads;
                 }
             }
         }
         reads
+    }
+
+    /// What is read of field `name` of this record, if anything.
+    fn field(&self, name: &str) -> Option<&Reads> {
+        match self {
+            Reads::All => Some(&Reads::All),
+            Reads::Fields(fields) => fields.get(name),
+        }
     }
 
     fn add(&mut self, path: &[String]) {
@@ -108,62 +115,89 @@ fn chain(node: &Value) -> Option<Vec<String>> {
     Some(path)
 }
 
-/// The request context: tenant, tool version, resource and run id, and the arguments that
-/// `reads` names.
+/// The request context: those of tenant, tool version, resource, run id and arguments that
+/// `reads` (what the policies read of `context`) names. Arguments are checked whole either way.
 pub fn build(req: &AuthzRequest<'_>, reads: &Reads) -> Result<Context, String> {
-    let mut pairs = vec![
-        (
-            "tenant".to_owned(),
-            RestrictedExpression::new_string(req.tenant.to_owned()),
-        ),
-        (
-            "tool_version".to_owned(),
-            RestrictedExpression::new_string(req.tool_version.to_owned()),
-        ),
-        (
-            "resource".to_owned(),
-            RestrictedExpression::new_string(req.resource.to_owned()),
-        ),
-        (
-            "run_id".to_owned(),
-            RestrictedExpression::new_string(req.run_id.to_owned()),
-        ),
-    ];
-    let mut path = String::from("/arguments");
-    check(req.arguments, &mut path)?;
-    if let Some(arguments) = restricted(req.arguments, reads, &mut path)? {
+    let mut pairs = Vec::with_capacity(5);
+    for (name, value) in [
+        ("tenant", req.tenant),
+        ("tool_version", req.tool_version),
+        ("resource", req.resource),
+        ("run_id", req.run_id),
+    ] {
+        if reads.field(name).is_some() {
+            pairs.push((
+                name.to_owned(),
+                RestrictedExpression::new_string(value.to_owned()),
+            ));
+        }
+    }
+    let path = Pointer::root("arguments");
+    check(req.arguments, &path)?;
+    if let Some(arguments) = reads.field("arguments")
+        && let Some(arguments) = restricted(req.arguments, arguments, &path)?
+    {
         pairs.push(("arguments".to_owned(), arguments));
     }
     Context::from_pairs(pairs).map_err(|error| format!("context: {error}"))
 }
 
+/// Where a value sits in the context, as a chain of borrowed steps on the stack: nothing is
+/// allocated unless a message needs the JSON pointer (most requests never do).
+enum Pointer<'a> {
+    Root(&'a str),
+    Key(&'a Pointer<'a>, &'a str),
+    Index(&'a Pointer<'a>, usize),
+}
+
+impl<'a> Pointer<'a> {
+    fn root(field: &'a str) -> Self {
+        Pointer::Root(field)
+    }
+
+    fn key(&'a self, key: &'a str) -> Self {
+        Pointer::Key(self, key)
+    }
+
+    fn index(&'a self, index: usize) -> Self {
+        Pointer::Index(self, index)
+    }
+}
+
+/// The JSON pointer (RFC 6901): `/arguments/notes/1`.
+impl std::fmt::Display for Pointer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pointer::Root(field) => write!(f, "/{field}"),
+            Pointer::Key(parent, key) => {
+                write!(f, "{parent}/{}", key.replace('~', "~0").replace('/', "~1"))
+            }
+            Pointer::Index(parent, index) => write!(f, "{parent}/{index}"),
+        }
+    }
+}
+
 /// The errors [`restricted`] would meet converting all of `value`, without converting it.
-fn check(value: &Value, path: &mut String) -> Result<(), String> {
+fn check(value: &Value, path: &Pointer<'_>) -> Result<(), String> {
     match value {
         Value::Number(number) if number.as_i64().is_none() => Err(format!(
             "context {path}: number {number} is not a 64-bit integer (Cedar has no floats)"
         )),
         Value::Array(items) => {
             for (index, item) in items.iter().enumerate() {
-                let base = path.len();
-                path.push('/');
-                path.push_str(&index.to_string());
+                let path = path.index(index);
                 if item.is_null() {
                     return Err(format!(
                         "context {path}: null inside an array (Cedar has no null)"
                     ));
                 }
-                check(item, path)?;
-                path.truncate(base);
+                check(item, &path)?;
             }
             Ok(())
         }
         Value::Object(map) => {
             for (key, item) in map {
-                let base = path.len();
-                push_key(path, key);
-                check(item, path)?;
-                path.truncate(base);
+                check(item, &path.key(key))?;
             }
             Ok(())
         }
@@ -172,11 +206,11 @@ fn check(value: &Value, path: &mut String) -> Result<(), String> {
 }
 
 /// Converts the part of `value` that `reads` names to a Cedar value. `Ok(None)` means "null":
-/// the caller drops the field. `path` is the JSON pointer of `value`, for messages.
+/// the caller drops the field. `path` locates `value`, for messages.
 fn restricted(
     value: &Value,
     reads: &Reads,
-    path: &mut String,
+    path: &Pointer<'_>,
 ) -> Result<Option<RestrictedExpression>, String> {
     Ok(Some(match (value, reads) {
         (Value::Null, _) => return Ok(None),
@@ -191,12 +225,9 @@ fn restricted(
             };
             let mut record = Vec::with_capacity(fields.len());
             for (key, item, inner) in fields {
-                let base = path.len();
-                push_key(path, key);
-                if let Some(field) = restricted(item, inner, path)? {
+                if let Some(field) = restricted(item, inner, &path.key(key))? {
                     record.push((key.clone(), field));
                 }
-                path.truncate(base);
             }
             RestrictedExpression::new_record(record)
                 .map_err(|error| format!("context {path}: {error}"))?
@@ -214,10 +245,8 @@ fn restricted(
         (Value::Array(items), _) => {
             let mut elements = Vec::with_capacity(items.len());
             for (index, item) in items.iter().enumerate() {
-                let base = path.len();
-                path.push('/');
-                path.push_str(&index.to_string());
-                match restricted(item, &Reads::All, path)? {
+                let path = path.index(index);
+                match restricted(item, &Reads::All, &path)? {
                     Some(element) => elements.push(element),
                     None => {
                         return Err(format!(
@@ -225,16 +254,10 @@ fn restricted(
                         ));
                     }
                 }
-                path.truncate(base);
             }
             RestrictedExpression::new_set(elements)
         }
     }))
-}
-
-fn push_key(path: &mut String, key: &str) {
-    path.push('/');
-    path.push_str(&key.replace('~', "~0").replace('/', "~1"));
 }
 
 #[cfg(test)]
@@ -268,47 +291,97 @@ mod tests {
                           && context.tenant == "t" };"#
             ),
             fields(&[
-                ("amount", fields(&[("minor_units", Reads::All)])),
-                ("currency", Reads::All),
-                ("order", fields(&[("id", Reads::All)])),
+                (
+                    "arguments",
+                    fields(&[
+                        ("amount", fields(&[("minor_units", Reads::All)])),
+                        ("currency", Reads::All),
+                        ("order", fields(&[("id", Reads::All)])),
+                    ])
+                ),
+                ("tenant", Reads::All),
             ])
         );
         assert_eq!(
             reads("permit (principal, action, resource) when { context.tenant == \"t\" };"),
-            fields(&[])
+            fields(&[("tenant", Reads::All)])
+        );
+        assert_eq!(
+            reads("permit (principal, action, resource) when { context has run_id };"),
+            fields(&[("run_id", Reads::All)])
         );
     }
 
     #[test]
     fn context_or_arguments_used_whole_need_all_of_them() {
         for policy in [
-            "permit (principal, action, resource) when { context.arguments == {} };",
             "permit (principal, action, resource) when { context has arguments && context == {} };",
-            "permit (principal, action, resource) when { context.arguments.a == 1 } \
-             unless { context.arguments like \"*\" };",
+            "permit (principal, action, resource) when { context.tenant == \"t\" } \
+             unless { context like \"*\" };",
         ] {
             assert_eq!(reads(policy), Reads::All, "{policy}");
         }
+        for policy in [
+            "permit (principal, action, resource) when { context.arguments == {} };",
+            "permit (principal, action, resource) when { context.arguments.a == 1 } \
+             unless { context.arguments like \"*\" };",
+        ] {
+            assert_eq!(
+                reads(policy),
+                fields(&[("arguments", Reads::All)]),
+                "{policy}"
+            );
+        }
+    }
+
+    fn request(arguments: &Value) -> AuthzRequest<'_> {
+        AuthzRequest {
+            principal: "p",
+            tenant: "t",
+            tool: "refund",
+            tool_version: "1",
+            resource: "r",
+            run_id: "run",
+            arguments,
+        }
+    }
+
+    fn keys(context: Context) -> Vec<String> {
+        let mut keys: Vec<String> = context.into_iter().map(|(k, _)| k).collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn fields_nobody_reads_are_left_out_of_the_context() {
+        let arguments = serde_json::json!({"amount": 1});
+        let only_tenant = fields(&[("tenant", Reads::All)]);
+        assert_eq!(
+            keys(build(&request(&arguments), &only_tenant).unwrap()),
+            ["tenant"]
+        );
+        assert_eq!(
+            keys(build(&request(&arguments), &Reads::All).unwrap()),
+            ["arguments", "resource", "run_id", "tenant", "tool_version"]
+        );
+    }
+
+    #[test]
+    fn messages_point_at_the_value_with_escaped_keys() {
+        let arguments = serde_json::json!({"a/b": {"c~d": [1, 2.5]}});
+        assert_eq!(
+            build(&request(&arguments), &fields(&[])).map(|_| ()),
+            Err(
+                "context /arguments/a~1b/c~0d/1: number 2.5 is not a 64-bit integer (Cedar has no floats)"
+                    .to_owned()
+            )
+        );
     }
 
     #[test]
     fn arguments_nobody_reads_still_make_a_request_invalid() {
-        let reads = fields(&[("amount", Reads::All)]);
-        let request = |arguments: &Value| {
-            build(
-                &AuthzRequest {
-                    principal: "p",
-                    tenant: "t",
-                    tool: "refund",
-                    tool_version: "1",
-                    resource: "r",
-                    run_id: "run",
-                    arguments,
-                },
-                &reads,
-            )
-            .map(|_| ())
-        };
+        let reads = fields(&[("arguments", fields(&[("amount", Reads::All)]))]);
+        let request = |arguments: &Value| build(&request(arguments), &reads).map(|_| ());
         assert_eq!(
             request(&serde_json::json!({"amount": 1, "notes": ["a"]})),
             Ok(())

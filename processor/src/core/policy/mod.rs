@@ -642,7 +642,7 @@ impl ToolIndex {
         &self.per_tool.get(tool).unwrap_or(&self.fallback).0
     }
 
-    /// What the policies of `tool` can read of the arguments (see [`context`]).
+    /// What the policies of `tool` can read of the request context (see [`context`]).
     fn reads_for(&self, tool: &str) -> &Reads {
         &self.per_tool.get(tool).unwrap_or(&self.fallback).1
     }
