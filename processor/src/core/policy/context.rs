@@ -7,9 +7,10 @@
 //! other use of `context` (passing it whole, an expression the search does not know) needs all
 //! of it. The request then carries only the fields on those paths, each path's value whole: the
 //! top-level fields (`tenant`, `tool_version`, `resource`, `run_id`, `arguments`) and, inside
-//! `arguments`, the argument fields. A policy can only observe the context through such reads, so every policy
-//! evaluates exactly as over the whole context: the same values, the same missing attributes,
-//! the same type errors (a value that is not a record where the path goes on is kept whole).
+//! `arguments`, the argument fields. A policy can only observe the context through such reads,
+//! so every policy evaluates exactly as over the whole context: the same values, the same
+//! missing attributes, the same type errors (a value that is not a record where the path goes
+//! on is kept whole).
 //!
 //! Validity is still judged on all the arguments: a null inside an array or a number that is not
 //! a 64-bit integer anywhere in them denies the request as before, read or not.
