@@ -150,20 +150,8 @@ impl Core {
         };
         rec.updated_at = now;
         rec.applied_controls.push(c.control_id.clone());
-        let mut event = self.event(JournalKind::ControlApplied, step, Some(&rec));
-        event.principal_id = Some(c.operator_id.clone());
-        event.verdict = Some(verdict);
-        event.reason = Some(reason);
-        event.evidence = Some(detail.clone());
-        step.out.decisions.push(self.reply(
-            &decision_id,
-            &c.control_id,
-            &rec,
-            verdict,
-            reason,
-            detail.clone(),
-            now,
-        ));
+        let answer = (verdict, reason, detail.clone());
+        let event = self.answer_control(c, &decision_id, &rec, answer, step);
         let id = format!("e/{}/{}/{}", rec.operation_key, rec.epoch, reason.as_str());
         let to_proposal = self.reply(&id, &rec.proposal_id, &rec, verdict, reason, detail, now);
         step.out.decisions.push(to_proposal);
@@ -189,21 +177,37 @@ impl Core {
             c.control_id,
             rec.effect_state().as_str()
         );
+        let answer = (Verdict::Duplicate, reason, detail);
+        let event = self.answer_control(c, &decision_id, rec, answer, step);
+        step.journal(event, Vec::new())
+    }
+
+    /// Replies to control `c` on intent `rec` under `decision_id` and returns its
+    /// CONTROL_APPLIED journal event, for the caller to journal with its writes.
+    fn answer_control(
+        &self,
+        c: &Control,
+        decision_id: &str,
+        rec: &EffectRecord,
+        (verdict, reason, detail): Reply,
+        step: &mut Step,
+    ) -> JournalEvent {
         let mut event = self.event(JournalKind::ControlApplied, step, Some(rec));
         event.principal_id = Some(c.operator_id.clone());
-        event.verdict = Some(Verdict::Duplicate);
+        event.verdict = Some(verdict);
         event.reason = Some(reason);
         event.evidence = Some(detail.clone());
-        step.out.decisions.push(self.reply(
-            &decision_id,
+        let reply = self.reply(
+            decision_id,
             &c.control_id,
             rec,
-            Verdict::Duplicate,
+            verdict,
             reason,
             detail,
             step.now,
-        ));
-        step.journal(event, Vec::new())
+        );
+        step.out.decisions.push(reply);
+        event
     }
 
     fn control_refused(
