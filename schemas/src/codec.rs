@@ -14,8 +14,9 @@
 //! set-once value that other users of apache-avro in the process may need at another level, and
 //! it does not bound the capacity apache-avro reserves for arrays.)
 //!
-//! Data whose writer schema is the current one (the normal case) is read by this crate's own
-//! zero-copy datum reader. Data written with an older snapshot is first checked by that reader
+//! Records are written by this crate's own schema-driven writer (`writer`), byte for byte what
+//! apache-avro writes (the round-trip property tests compare the two). Data whose writer schema
+//! is the current one (the normal case) is read by this crate's own zero-copy datum reader. Data written with an older snapshot is first checked by that reader
 //! against its writer schema (bounds, truncation, trailing bytes), then resolved to the current
 //! schema by apache-avro.
 
@@ -265,7 +266,7 @@ impl Codec {
     /// # Errors
     ///
     /// [`Error::SchemaIdMissing`] for Confluent framing without an id for the record,
-    /// [`Error::Encode`] if apache-avro refuses the value, [`Error::PayloadTooLarge`] if the
+    /// [`Error::Encode`] if the value does not fit the schema, [`Error::PayloadTooLarge`] if the
     /// payload would exceed the maximum.
     pub fn encode_into<T: Record>(
         &self,
@@ -290,11 +291,11 @@ impl Codec {
                 out.extend_from_slice(&id.to_be_bytes());
             }
         }
-        if let Err(source) = apache_avro::write_avro_datum_ref(writer.schema(), value, out) {
+        if let Err(e) = crate::writer::encode(writer.schema(), writer.names(), value, out) {
             out.truncate(start);
             return Err(Error::Encode {
                 record: T::KIND,
-                source,
+                source: apache_avro::Error::new(apache_avro::error::Details::SerializeValue(e.0)),
             });
         }
         let len = out.len() - start;

@@ -50,6 +50,7 @@ mod error;
 mod fingerprint;
 mod kind;
 mod records;
+mod writer;
 
 pub use apache_avro::Schema;
 pub use catalog::{SchemaVersion, schema_by_fingerprint};
