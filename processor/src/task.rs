@@ -239,7 +239,7 @@ impl<S: Store> Task<S> {
         effects.stamp(&self.ctx, &mut self.next_sequence);
         effects.receipts = self.seal_receipts(receipt::drafts(effects))?;
         self.store
-            .apply(&effects.writes)
+            .apply_encoded(&effects.writes, &effects.rows)
             .map_err(|source| Error::Store { partition, source })?;
         if self.next_sequence != before {
             self.store.stage_raw(

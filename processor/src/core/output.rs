@@ -29,6 +29,9 @@ pub struct Effects {
     pub journal: Vec<JournalEvent>,
     /// The state changes, in order: exactly the concatenation of the journal events' writes.
     pub writes: Vec<Write>,
+    /// Each write's record as JSON (`None` for a delete), one per write: made once, carried by
+    /// the journal event and staged by the store as they are (see [`Write::record_json`]).
+    pub rows: Vec<Option<String>>,
     /// Signed receipts of the final outcomes and refusals (`airlock.receipts`): sealed by the
     /// task from the decisions above when a receipt key is configured, never by the core.
     pub receipts: Vec<Receipt>,

@@ -325,6 +325,55 @@ pub enum Write {
 }
 
 impl Write {
+    /// The written record as JSON, `None` for a delete: the bytes the store holds for the row and
+    /// the journal carries for it (see [`Write::journal_json`]).
+    pub fn record_json(&self) -> serde_json::Result<Option<String>> {
+        match self {
+            Write::Effect { record, .. } => record.as_deref().map(serde_json::to_string),
+            Write::Proposal { seen, .. } => seen.as_ref().map(serde_json::to_string),
+            Write::Run { run, .. } => run.as_ref().map(serde_json::to_string),
+        }
+        .transpose()
+    }
+
+    /// `serde_json::to_string(writes)`, the journal's `record_json`, put together from the
+    /// records' JSON already made by [`Write::record_json`] (`rows`, one per write), so that
+    /// each record is serialized once for the journal and the store.
+    pub fn journal_json(writes: &[Write], rows: &[Option<String>]) -> serde_json::Result<String> {
+        debug_assert_eq!(writes.len(), rows.len(), "one row per write");
+        let mut out = Vec::with_capacity(
+            rows.iter()
+                .map(|r| r.as_ref().map_or(4, String::len) + 48)
+                .sum::<usize>()
+                + 2,
+        );
+        out.push(b'[');
+        for (i, (write, row)) in writes.iter().zip(rows).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Serde's externally tagged form of `Write`: {"<variant>":{"<id>":..,"<record>":..}}.
+            let (head, id, field) = match write {
+                Write::Effect { key, .. } => {
+                    (&b"{\"effect\":{\"key\":"[..], key, &b",\"record\":"[..])
+                }
+                Write::Proposal { id, .. } => {
+                    (&b"{\"proposal\":{\"id\":"[..], id, &b",\"seen\":"[..])
+                }
+                Write::Run { run_id, .. } => {
+                    (&b"{\"run\":{\"run_id\":"[..], run_id, &b",\"run\":"[..])
+                }
+            };
+            out.extend_from_slice(head);
+            serde_json::to_writer(&mut out, id)?;
+            out.extend_from_slice(field);
+            out.extend_from_slice(row.as_deref().unwrap_or("null").as_bytes());
+            out.extend_from_slice(b"}}");
+        }
+        out.push(b']');
+        Ok(String::from_utf8(out).expect("JSON text and UTF-8 strings make UTF-8"))
+    }
+
     /// The timer the written value waits for (none for a delete).
     pub fn timer(&self) -> Option<TimerFired> {
         match self {
@@ -347,6 +396,82 @@ impl Write {
                 target: TimerTarget::Run(run_id.clone()),
             }),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use airlock_schemas::{Reason, Verdict};
+
+    use super::*;
+    use crate::sample;
+
+    #[test]
+    fn journal_json_is_serdes_text_of_the_writes() {
+        let seen = ProposalSeen {
+            operation_key: "k".into(),
+            decision_id: "p/é\"\\".into(),
+            verdict: Verdict::Accepted,
+            reason: Reason::AutoApproved,
+            detail: "line\nbreak".into(),
+            arguments_hash: None,
+            policy_bundle_hash: Some("ab".into()),
+            decided_at: 1,
+            expires_at: 2,
+        };
+        let run = RunRecord {
+            highest_fence: 3,
+            dispatches: 4,
+            updated_at: 5,
+            expires_at: 6,
+        };
+        let effect = sample::effect_record(
+            "refund:\"quoted\"/ключ",
+            State::Failed {
+                evidence: "declined".into(),
+                settled_at: 7,
+                retry_at: Some(8),
+            },
+        );
+        let cases: Vec<Vec<Write>> = vec![
+            vec![],
+            vec![Write::Effect {
+                key: effect.operation_key.clone(),
+                record: Some(Box::new(effect.clone())),
+            }],
+            vec![
+                Write::Proposal {
+                    id: "p\u{1}\u{7f}".into(),
+                    seen: Some(seen),
+                },
+                Write::Run {
+                    run_id: "run-1".into(),
+                    run: Some(run),
+                },
+                Write::Effect {
+                    key: "gone".into(),
+                    record: None,
+                },
+                Write::Proposal {
+                    id: "old".into(),
+                    seen: None,
+                },
+                Write::Run {
+                    run_id: "stale".into(),
+                    run: None,
+                },
+            ],
+        ];
+        for writes in cases {
+            let rows: Vec<Option<String>> = writes
+                .iter()
+                .map(|w| w.record_json().expect("records serialize"))
+                .collect();
+            assert_eq!(
+                Write::journal_json(&writes, &rows).expect("writes serialize"),
+                serde_json::to_string(&writes).expect("writes serialize"),
+            );
         }
     }
 }

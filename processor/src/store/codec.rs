@@ -50,6 +50,16 @@ pub fn encode<T: Serialize>(value: &T, timer: Option<i64>) -> Vec<u8> {
     out
 }
 
+/// A record already serialized by `encode`'s serializer (see `Write::record_json`), framed with
+/// the due time of its timer: the same bytes `encode` makes of the record.
+pub fn frame(json: &str, timer: Option<i64>) -> Vec<u8> {
+    let header = Header::new(timer);
+    let mut out = Vec::with_capacity(header.as_bytes().len() + json.len());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(json.as_bytes());
+    out
+}
+
 /// The timer due time stored with a row, without decoding the record.
 pub fn timer_of(table: Table, id: &str, bytes: &[u8]) -> Result<Option<i64>> {
     let (timer, _) = split(table, id, bytes)?;

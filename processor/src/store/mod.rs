@@ -68,6 +68,9 @@ pub trait Backend {
 pub trait Store: StateView {
     /// Stages state writes; later reads in the batch see them.
     fn apply(&mut self, writes: &[Write]) -> Result<()>;
+    /// [`apply`](Store::apply) with each record's JSON already made (`rows`, one per write, as
+    /// in `Effects::rows`): the rows are staged from those bytes, not serialized again.
+    fn apply_encoded(&mut self, writes: &[Write], rows: &[Option<String>]) -> Result<()>;
     /// Stages a raw entry outside the projected tables (offsets, outbox, meta).
     fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>);
     fn get_raw(&self, table: Table, id: &[u8]) -> Result<Option<Vec<u8>>>;
@@ -225,6 +228,35 @@ impl<B: Backend> StateStore<B> {
     }
 }
 
+impl<B: Backend> StateStore<B> {
+    /// Stages one write's row (`value`, `None` to delete), moving its timer and keeping the
+    /// projection hash in step.
+    fn stage_write(
+        &mut self,
+        write: &Write,
+        value: Option<Vec<u8>>,
+        new_timer: Option<TimerFired>,
+    ) -> Result<()> {
+        let (table, id) = match write {
+            Write::Effect { key, .. } => (Table::Effect, key),
+            Write::Proposal { id, .. } => (Table::Proposal, id),
+            Write::Run { run_id, .. } => (Table::Run, run_id),
+        };
+        let key = table.key(id.as_bytes());
+        let old = self.read(&key)?;
+        // The old row's timer comes from its header: no need to decode the old record.
+        let old_timer = match &old {
+            Some(old) => codec::timer_of(table, id, old)?.map(|due_at| TimerFired {
+                due_at,
+                target: target_of(table, id),
+            }),
+            None => None,
+        };
+        self.put_projected(key, old.as_deref(), value, old_timer, new_timer);
+        Ok(())
+    }
+}
+
 impl<B: Backend> StateView for StateStore<B> {
     fn effect(&self, key: &str) -> core::Result<Option<EffectRecord>> {
         self.typed(Table::Effect, key).map_err(into_core)
@@ -244,34 +276,31 @@ impl<B: Backend> Store for StateStore<B> {
         for write in writes {
             let new_timer = write.timer();
             let due = new_timer.as_ref().map(|t| t.due_at);
-            let (table, id, value) = match write {
-                Write::Effect { key, record } => (
-                    Table::Effect,
-                    key,
-                    record.as_deref().map(|r| codec::encode(r, due)),
-                ),
-                Write::Proposal { id, seen } => (
-                    Table::Proposal,
-                    id,
-                    seen.as_ref().map(|s| codec::encode(s, due)),
-                ),
-                Write::Run { run_id, run } => (
-                    Table::Run,
-                    run_id,
-                    run.as_ref().map(|r| codec::encode(r, due)),
-                ),
+            let value = match write {
+                Write::Effect { record, .. } => record.as_deref().map(|r| codec::encode(r, due)),
+                Write::Proposal { seen, .. } => seen.as_ref().map(|s| codec::encode(s, due)),
+                Write::Run { run, .. } => run.as_ref().map(|r| codec::encode(r, due)),
             };
-            let key = table.key(id.as_bytes());
-            let old = self.read(&key)?;
-            // The old row's timer comes from its header: no need to decode the old record.
-            let old_timer = match &old {
-                Some(old) => codec::timer_of(table, id, old)?.map(|due_at| TimerFired {
-                    due_at,
-                    target: target_of(table, id),
-                }),
-                None => None,
-            };
-            self.put_projected(key, old.as_deref(), value, old_timer, new_timer);
+            self.stage_write(write, value, new_timer)?;
+        }
+        Ok(())
+    }
+
+    fn apply_encoded(&mut self, writes: &[Write], rows: &[Option<String>]) -> Result<()> {
+        if writes.len() != rows.len() {
+            // Effects built without rows (tests): serialize here.
+            return self.apply(writes);
+        }
+        for (write, row) in writes.iter().zip(rows) {
+            debug_assert_eq!(
+                row.as_deref(),
+                write.record_json().ok().flatten().as_deref(),
+                "a row is its write's record as JSON",
+            );
+            let new_timer = write.timer();
+            let due = new_timer.as_ref().map(|t| t.due_at);
+            let value = row.as_deref().map(|json| codec::frame(json, due));
+            self.stage_write(write, value, new_timer)?;
         }
         Ok(())
     }

@@ -97,14 +97,18 @@ struct Step {
 
 impl Step {
     fn journal(&mut self, mut event: JournalEvent, writes: Vec<Write>) -> Result<()> {
+        let encode = |source| Error::Encode {
+            what: "journal writes",
+            source,
+        };
         if !writes.is_empty() {
-            event.record_json =
-                Some(
-                    serde_json::to_string(&writes).map_err(|source| Error::Encode {
-                        what: "journal writes",
-                        source,
-                    })?,
-                );
+            let rows = writes
+                .iter()
+                .map(Write::record_json)
+                .collect::<serde_json::Result<Vec<_>>>()
+                .map_err(encode)?;
+            event.record_json = Some(Write::journal_json(&writes, &rows).map_err(encode)?);
+            self.out.rows.extend(rows);
         }
         self.out.writes.extend(writes);
         self.out.journal.push(event);
