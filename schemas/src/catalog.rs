@@ -162,6 +162,21 @@ impl fmt::Debug for SchemaVersion {
     }
 }
 
+/// `schema` with named-type references followed through `names`; the error names the type no
+/// schema of the catalog defines.
+pub(crate) fn resolve<'s>(
+    mut schema: &'s Schema,
+    names: &'s NameMap,
+) -> Result<&'s Schema, String> {
+    while let Schema::Ref { name } = schema {
+        let full_name = name.fullname(None);
+        schema = names
+            .get(&full_name)
+            .ok_or_else(|| format!("reference to undefined named type {full_name}"))?;
+    }
+    Ok(schema)
+}
+
 fn collect_names(schema: &Schema, names: &mut NameMap) {
     match schema {
         Schema::Record(record) => {

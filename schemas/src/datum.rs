@@ -300,15 +300,7 @@ impl<'r, 'de, 's> Deserializer<'r, 'de, 's> {
 
     /// The schema with references followed.
     fn resolved(&self) -> Result<&'s Schema, DatumError> {
-        let mut schema = self.schema;
-        while let Schema::Ref { name } = schema {
-            let full_name = name.fullname(None);
-            schema = self.names.get(&full_name).ok_or_else(|| {
-                self.reader
-                    .invalid(format!("reference to undefined named type {full_name}"))
-            })?;
-        }
-        Ok(schema)
+        crate::catalog::resolve(self.schema, self.names).map_err(|e| self.reader.invalid(e))
     }
 }
 

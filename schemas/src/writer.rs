@@ -88,14 +88,7 @@ impl<'o, 's> Writer<'o, 's> {
 
     /// The schema with references followed.
     fn resolved(&self) -> Result<&'s Schema, WriteError> {
-        let mut schema = self.schema;
-        while let Schema::Ref { name } = schema {
-            let full_name = name.fullname(None);
-            schema = self.names.get(&full_name).ok_or_else(|| {
-                WriteError(format!("reference to undefined named type {full_name}"))
-            })?;
-        }
-        Ok(schema)
+        crate::catalog::resolve(self.schema, self.names).map_err(WriteError)
     }
 
     fn integer(self, value: i64, what: &str) -> Result<(), WriteError> {
