@@ -541,9 +541,6 @@ fn run_loop(
                     out.push((d.partition, d.sealed));
                 }
             }
-            for (&p, task) in &guard.tasks {
-                telemetry.scan_outstanding(p, task.store(), now);
-            }
         }
 
         let t_sealed = Instant::now();
@@ -559,6 +556,10 @@ fn run_loop(
                 .flights
                 .advance(&producer, config.batch.max_in_flight)?;
             acknowledge(&mut guard, done, &names, telemetry);
+            // Monitoring reads the state after the outputs left, never before.
+            for (&p, task) in &guard.tasks {
+                telemetry.scan_outstanding(p, task.store(), now);
+            }
         }
         if handled > 0 {
             log::debug!(

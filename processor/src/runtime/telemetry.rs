@@ -67,6 +67,12 @@ const AGES: &[(&str, i64)] = &[
 ];
 /// The states an effect can wait in without anyone moving it along by themselves.
 const OUTSTANDING: &[&str] = &["UNKNOWN", "OPERATOR_REQUIRED", "AWAITING_APPROVAL"];
+/// How each of [`OUTSTANDING`] appears in an effect row's JSON (`State`'s tag).
+const OUTSTANDING_TAGS: [&str; 3] = [
+    "\"kind\":\"UNKNOWN\"",
+    "\"kind\":\"OPERATOR_REQUIRED\"",
+    "\"kind\":\"AWAITING_APPROVAL\"",
+];
 
 /// What one task observed in one batch (`PartitionTask::take_observed`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -394,19 +400,21 @@ impl Scan {
                 start
             }
         };
-        let rows = backend.scan(&from, &end, SCAN_ROWS)?;
-        for (key, value) in &rows {
+        let mut last = Vec::new();
+        let partial = &mut self.partial;
+        let visited = backend.visit(&from, &end, SCAN_ROWS, &mut |key, value| {
             if let Some(found) = outstanding(key, value)? {
-                self.partial.push(found);
+                partial.push(found);
             }
-        }
-        match rows.last() {
-            Some((last, _)) if rows.len() == SCAN_ROWS => {
-                let mut next = last.clone();
-                next.push(0);
-                self.cursor = Some(next);
-            }
-            _ => self.done = Some(std::mem::take(&mut self.partial)),
+            last.clear();
+            last.extend_from_slice(key);
+            Ok(())
+        })?;
+        if visited == SCAN_ROWS {
+            last.push(0);
+            self.cursor = Some(last);
+        } else {
+            self.done = Some(std::mem::take(&mut self.partial));
         }
         Ok(())
     }
@@ -415,10 +423,9 @@ impl Scan {
 /// The outstanding state of an effect row and since when it waits, if it waits.
 fn outstanding(key: &[u8], value: &[u8]) -> store::Result<Option<(&'static str, i64)>> {
     // Most effects are settled: skip them without decoding (the state is a JSON tag).
-    let json = String::from_utf8_lossy(value);
-    if !OUTSTANDING
+    if !OUTSTANDING_TAGS
         .iter()
-        .any(|s| json.contains(&format!("\"kind\":\"{s}\"")))
+        .any(|tag| memchr::memmem::find(value, tag.as_bytes()).is_some())
     {
         return Ok(None);
     }
@@ -514,6 +521,49 @@ mod tests {
         // Losing the partition drops its series.
         t.assigned(&BTreeSet::new());
         assert_eq!(get("UNKNOWN", "0s"), None);
+    }
+
+    #[test]
+    fn a_pass_spans_batches_and_counts_each_row_once() {
+        use airlock_schemas::OutcomeKind;
+
+        use crate::core::{self, Input};
+        use crate::sample;
+        use crate::store::{MemoryBackend, Store};
+
+        let core = Arc::new(sample::reference_core(core::Config::default()).unwrap());
+        let mut task = sample::memory_task(core).unwrap();
+        let now = 1_700_000_000_000;
+        task.handle(&Input::Proposal(sample::refund("refund:a", 100, now)), now)
+            .unwrap();
+        let unknown = sample::outcome("refund:a", 1, OutcomeKind::Unknown, "reset after send");
+        task.handle(&Input::Outcome(unknown), now + 1_000).unwrap();
+        task.commit().unwrap();
+        let (start, end) = Table::Effect.range();
+        let real = task.store().backend().scan(&start, &end, 10).unwrap();
+        assert_eq!(real.len(), 1);
+
+        // 2.5 passes' worth of settled rows around the one that waits: the pass takes three
+        // steps, and only the third publishes.
+        let mut store = StateStore::open(MemoryBackend::default()).unwrap();
+        let settled = br#"{"state":{"kind":"COMMITTED"}}"#;
+        for i in 0..SCAN_ROWS * 5 / 2 {
+            let id = format!("refund:{i:05}");
+            store.stage_raw(Table::Effect, id.as_bytes(), Some(settled.to_vec()));
+        }
+        store.stage_raw(Table::Effect, &real[0].0[1..], Some(real[0].1.clone()));
+        store.commit().unwrap();
+
+        let t = Telemetry::new(Duration::from_secs(60));
+        let get = || t.outstanding.get(&["0", "UNKNOWN", "0s"]);
+        t.scan_outstanding(0, &store, now + 2_000);
+        t.scan_outstanding(0, &store, now + 2_000);
+        assert_eq!(get(), None, "no pass is complete yet");
+        t.scan_outstanding(0, &store, now + 2_000);
+        assert_eq!(get(), Some(1.0));
+        // The next pass waits for SCAN_INTERVAL; the published figures stay.
+        t.scan_outstanding(0, &store, now + 2_000);
+        assert_eq!(get(), Some(1.0));
     }
 
     #[test]

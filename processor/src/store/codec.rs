@@ -7,7 +7,7 @@
 //! [VALUE_FORMAT] [0 | 1] [due_at: i64 big endian, present when 1] [JSON]
 //! ```
 
-use serde::{Serialize, de::DeserializeOwned};
+use serde::de::DeserializeOwned;
 
 use super::keys::Table;
 use super::{Error, Result};
@@ -41,17 +41,8 @@ impl Header {
     }
 }
 
-/// Encodes a record and the due time of its timer, if it has one.
-pub fn encode<T: Serialize>(value: &T, timer: Option<i64>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(Header::new(timer).as_bytes());
-    serde_json::to_writer(&mut out, value)
-        .expect("records are plain data with string keys: serializing them cannot fail");
-    out
-}
-
-/// A record already serialized by `encode`'s serializer (see `Write::record_json`), framed with
-/// the due time of its timer: the same bytes `encode` makes of the record.
+/// A row: a record already serialized to JSON (see `Write::record_json`, the one serialization
+/// the journal and the store share), behind a header with the due time of its timer.
 pub fn frame(json: &str, timer: Option<i64>) -> Vec<u8> {
     let header = Header::new(timer);
     let mut out = Vec::with_capacity(header.as_bytes().len() + json.len());

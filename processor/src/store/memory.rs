@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Backend, Result};
+use super::{Backend, Result, Visitor};
 
 #[derive(Clone, Debug, Default)]
 pub struct MemoryBackend {
@@ -15,13 +15,13 @@ impl Backend for MemoryBackend {
         Ok(self.map.get(key).cloned())
     }
 
-    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        Ok(self
-            .map
-            .range(start.to_vec()..end.to_vec())
-            .take(limit)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+    fn visit(&self, start: &[u8], end: &[u8], limit: usize, f: &mut Visitor<'_>) -> Result<usize> {
+        let mut n = 0;
+        for (k, v) in self.map.range(start.to_vec()..end.to_vec()).take(limit) {
+            f(k, v)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {

@@ -55,11 +55,24 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Called by [`Backend::visit`] with each entry's key and value, borrowed.
+pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
 /// Byte-level storage: committed reads and one atomic write of a whole batch.
 pub trait Backend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
-    /// Up to `limit` committed entries with `start <= key < end`, in key order.
-    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Calls `f` with up to `limit` committed entries with `start <= key < end`, in key order,
+    /// borrowed from the backend (nothing is copied); returns how many it visited.
+    fn visit(&self, start: &[u8], end: &[u8], limit: usize, f: &mut Visitor<'_>) -> Result<usize>;
+    /// Up to `limit` committed entries with `start <= key < end`, in key order, copied out.
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.visit(start, end, limit, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })?;
+        Ok(out)
+    }
     /// Applies every put (`Some`) and delete (`None`) atomically and durably.
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()>;
 }
@@ -229,14 +242,12 @@ impl<B: Backend> StateStore<B> {
 }
 
 impl<B: Backend> StateStore<B> {
-    /// Stages one write's row (`value`, `None` to delete), moving its timer and keeping the
-    /// projection hash in step.
-    fn stage_write(
-        &mut self,
-        write: &Write,
-        value: Option<Vec<u8>>,
-        new_timer: Option<TimerFired>,
-    ) -> Result<()> {
+    /// Stages one write's row, given as its record's JSON (`None` to delete; see
+    /// [`Write::record_json`]), framed with its timer, moving the timer and keeping the
+    /// projection hash in step. Both `apply` paths come here, so a row has one byte format.
+    fn stage_write(&mut self, write: &Write, json: Option<&str>) -> Result<()> {
+        let new_timer = write.timer();
+        let value = json.map(|json| codec::frame(json, new_timer.as_ref().map(|t| t.due_at)));
         let (table, id) = match write {
             Write::Effect { key, .. } => (Table::Effect, key),
             Write::Proposal { id, .. } => (Table::Proposal, id),
@@ -274,14 +285,10 @@ impl<B: Backend> StateView for StateStore<B> {
 impl<B: Backend> Store for StateStore<B> {
     fn apply(&mut self, writes: &[Write]) -> Result<()> {
         for write in writes {
-            let new_timer = write.timer();
-            let due = new_timer.as_ref().map(|t| t.due_at);
-            let value = match write {
-                Write::Effect { record, .. } => record.as_deref().map(|r| codec::encode(r, due)),
-                Write::Proposal { seen, .. } => seen.as_ref().map(|s| codec::encode(s, due)),
-                Write::Run { run, .. } => run.as_ref().map(|r| codec::encode(r, due)),
-            };
-            self.stage_write(write, value, new_timer)?;
+            let json = write
+                .record_json()
+                .expect("records are plain data with string keys: serializing them cannot fail");
+            self.stage_write(write, json.as_deref())?;
         }
         Ok(())
     }
@@ -297,10 +304,7 @@ impl<B: Backend> Store for StateStore<B> {
                 write.record_json().ok().flatten().as_deref(),
                 "a row is its write's record as JSON",
             );
-            let new_timer = write.timer();
-            let due = new_timer.as_ref().map(|t| t.due_at);
-            let value = row.as_deref().map(|json| codec::frame(json, due));
-            self.stage_write(write, value, new_timer)?;
+            self.stage_write(write, row.as_deref())?;
         }
         Ok(())
     }

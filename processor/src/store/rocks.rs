@@ -2,11 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use rocksdb::{
-    BlockBasedOptions, DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
-};
+use rocksdb::{BlockBasedOptions, DB, Options, ReadOptions, WriteBatch, WriteOptions};
 
-use super::{Backend, Error, Result};
+use super::{Backend, Error, Result, Visitor};
 
 /// Settings of the RocksDB backend.
 #[derive(Clone, Debug)]
@@ -76,19 +74,22 @@ impl Backend for RocksBackend {
         self.db.get(key).map_err(|e| self.err(e))
     }
 
-    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn visit(&self, start: &[u8], end: &[u8], limit: usize, f: &mut Visitor<'_>) -> Result<usize> {
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(end.to_vec());
-        let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_opt(IteratorMode::From(start, Direction::Forward), read)
-            .take(limit)
+        // The raw iterator lends each entry: no copy of keys or values.
+        let mut it = self.db.raw_iterator_opt(read);
+        it.seek(start);
+        let mut n = 0;
+        while n < limit
+            && let (Some(k), Some(v)) = (it.key(), it.value())
         {
-            let (k, v) = item.map_err(|e| self.err(e))?;
-            out.push((k.to_vec(), v.to_vec()));
+            f(k, v)?;
+            n += 1;
+            it.next();
         }
-        Ok(out)
+        it.status().map_err(|e| self.err(e))?;
+        Ok(n)
     }
 
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
