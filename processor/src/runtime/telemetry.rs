@@ -67,12 +67,6 @@ const AGES: &[(&str, i64)] = &[
 ];
 /// The states an effect can wait in without anyone moving it along by themselves.
 const OUTSTANDING: &[&str] = &["UNKNOWN", "OPERATOR_REQUIRED", "AWAITING_APPROVAL"];
-/// How each of [`OUTSTANDING`] appears in an effect row's JSON (`State`'s tag).
-const OUTSTANDING_TAGS: [&str; 3] = [
-    "\"kind\":\"UNKNOWN\"",
-    "\"kind\":\"OPERATOR_REQUIRED\"",
-    "\"kind\":\"AWAITING_APPROVAL\"",
-];
 
 /// What one task observed in one batch (`PartitionTask::take_observed`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -400,21 +394,22 @@ impl Scan {
                 start
             }
         };
-        let mut last = Vec::new();
+        let (mut seen, mut next) = (0, None);
         let partial = &mut self.partial;
-        let visited = backend.visit(&from, &end, SCAN_ROWS, &mut |key, value| {
+        backend.visit(&from, &end, SCAN_ROWS, &mut |key, value| {
             if let Some(found) = outstanding(key, value)? {
                 partial.push(found);
             }
-            last.clear();
-            last.extend_from_slice(key);
+            seen += 1;
+            if seen == SCAN_ROWS {
+                // A full step: the next one starts just after this key.
+                next = Some([key, &[0]].concat());
+            }
             Ok(())
         })?;
-        if visited == SCAN_ROWS {
-            last.push(0);
-            self.cursor = Some(last);
-        } else {
-            self.done = Some(std::mem::take(&mut self.partial));
+        match next {
+            Some(next) => self.cursor = Some(next),
+            None => self.done = Some(std::mem::take(&mut self.partial)),
         }
         Ok(())
     }
@@ -423,10 +418,14 @@ impl Scan {
 /// The outstanding state of an effect row and since when it waits, if it waits.
 fn outstanding(key: &[u8], value: &[u8]) -> store::Result<Option<(&'static str, i64)>> {
     // Most effects are settled: skip them without decoding (the state is a JSON tag).
-    if !OUTSTANDING_TAGS
-        .iter()
-        .any(|tag| memchr::memmem::find(value, tag.as_bytes()).is_some())
-    {
+    const TAG: &[u8] = b"\"kind\":\"";
+    let waits = memchr::memmem::find_iter(value, TAG).any(|at| {
+        let kind = &value[at + TAG.len()..];
+        OUTSTANDING
+            .iter()
+            .any(|s| kind.starts_with(s.as_bytes()) && kind.get(s.len()) == Some(&b'"'))
+    });
+    if !waits {
         return Ok(None);
     }
     let id = String::from_utf8_lossy(key.get(1..).unwrap_or_default());

@@ -2,6 +2,7 @@
 //! clone is a snapshot of the committed state (what survives a crash).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use super::{Backend, Result, Visitor};
 
@@ -17,7 +18,8 @@ impl Backend for MemoryBackend {
 
     fn visit(&self, start: &[u8], end: &[u8], limit: usize, f: &mut Visitor<'_>) -> Result<usize> {
         let mut n = 0;
-        for (k, v) in self.map.range(start.to_vec()..end.to_vec()).take(limit) {
+        let bounds = (Bound::Included(start), Bound::Excluded(end));
+        for (k, v) in self.map.range::<[u8], _>(bounds).take(limit) {
             f(k, v)?;
             n += 1;
         }

@@ -80,9 +80,12 @@ pub trait Backend {
 /// What the runtime needs from a store, whatever the backend.
 pub trait Store: StateView {
     /// Stages state writes; later reads in the batch see them.
-    fn apply(&mut self, writes: &[Write]) -> Result<()>;
-    /// [`apply`](Store::apply) with each record's JSON already made (`rows`, one per write, as
-    /// in `Effects::rows`): the rows are staged from those bytes, not serialized again.
+    fn apply(&mut self, writes: &[Write]) -> Result<()> {
+        self.apply_encoded(writes, &[])
+    }
+    /// [`apply`](Store::apply) with records' JSON already made (`rows`, one per write in order,
+    /// as in `Effects::rows`): those rows are staged from their bytes, not serialized again; a
+    /// write past the end of `rows` is serialized here.
     fn apply_encoded(&mut self, writes: &[Write], rows: &[Option<String>]) -> Result<()>;
     /// Stages a raw entry outside the projected tables (offsets, outbox, meta).
     fn stage_raw(&mut self, table: Table, id: &[u8], value: Option<Vec<u8>>);
@@ -283,28 +286,26 @@ impl<B: Backend> StateView for StateStore<B> {
 }
 
 impl<B: Backend> Store for StateStore<B> {
-    fn apply(&mut self, writes: &[Write]) -> Result<()> {
-        for write in writes {
-            let json = write
-                .record_json()
-                .expect("records are plain data with string keys: serializing them cannot fail");
-            self.stage_write(write, json.as_deref())?;
-        }
-        Ok(())
-    }
-
     fn apply_encoded(&mut self, writes: &[Write], rows: &[Option<String>]) -> Result<()> {
-        if writes.len() != rows.len() {
-            // Effects built without rows (tests): serialize here.
-            return self.apply(writes);
-        }
-        for (write, row) in writes.iter().zip(rows) {
-            debug_assert_eq!(
-                row.as_deref(),
-                write.record_json().ok().flatten().as_deref(),
-                "a row is its write's record as JSON",
-            );
-            self.stage_write(write, row.as_deref())?;
+        for (i, write) in writes.iter().enumerate() {
+            let made;
+            let json = match rows.get(i) {
+                Some(row) => {
+                    debug_assert_eq!(
+                        row.as_deref(),
+                        write.record_json().ok().flatten().as_deref(),
+                        "a row is its write's record as JSON",
+                    );
+                    row.as_deref()
+                }
+                None => {
+                    made = write.record_json().expect(
+                        "records are plain data with string keys: serializing them cannot fail",
+                    );
+                    made.as_deref()
+                }
+            };
+            self.stage_write(write, json)?;
         }
         Ok(())
     }
