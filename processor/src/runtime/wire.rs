@@ -143,11 +143,10 @@ pub struct Outbox {
 
 /// A sealed batch's records as one outbox row.
 pub fn encode_outbox_row(records: &[OutRecord]) -> Vec<u8> {
-    let size: usize = records
-        .iter()
-        .map(|r| 96 + r.value.as_ref().map_or(0, Vec::len))
-        .sum();
-    let mut out = Vec::with_capacity(5 + size);
+    // Exact: a batch's row is large (hundreds of KB), and every doubling of a guess too small
+    // copied it and faulted in fresh pages.
+    let size = 5 + records.iter().map(|r| 4 + outbox_len(r)).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
     out.push(OUTBOX_ROW_VERSION);
     out.extend_from_slice(&(records.len() as u32).to_be_bytes());
     for r in records {
@@ -157,6 +156,7 @@ pub fn encode_outbox_row(records: &[OutRecord]) -> Vec<u8> {
         let len = (out.len() - at - 4) as u32;
         out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
+    debug_assert_eq!(out.len(), size, "outbox_len disagrees with write_outbox");
     out
 }
 
@@ -206,6 +206,14 @@ pub fn encode_outbox(r: &OutRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + r.value.as_ref().map_or(0, Vec::len));
     write_outbox(&mut out, r);
     out
+}
+
+/// The bytes [`write_outbox`] writes for `r`.
+fn outbox_len(r: &OutRecord) -> usize {
+    let opt = |b: Option<&Vec<u8>>| 1 + b.map_or(0, |b| 4 + b.len());
+    let headers: usize = r.headers.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+    // version, phase, partition, topic, key, value, header count, headers
+    2 + 4 + 4 + r.topic.len() + opt(r.key.as_ref()) + opt(r.value.as_ref()) + 4 + headers
 }
 
 fn write_outbox(out: &mut Vec<u8>, r: &OutRecord) {

@@ -93,7 +93,15 @@ impl Backend for RocksBackend {
     }
 
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
-        let mut wb = WriteBatch::default();
+        // Sized up front: a batch carries its outbox row (hundreds of KB), and growing the
+        // batch's buffer by doubling copied it several times over into freshly faulted pages.
+        // 12 bytes of header; per entry a tag and two varint32 lengths of at most 5 bytes.
+        let bytes = 12
+            + batch
+                .iter()
+                .map(|(k, v)| 11 + k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>();
+        let mut wb = WriteBatch::with_capacity_bytes(bytes);
         for (k, v) in batch {
             match v {
                 Some(v) => wb.put(k, v),
