@@ -13,7 +13,8 @@
 //!    acknowledged, while the next batches are read and decided (at most
 //!    `batch.max_in_flight` batches wait; see [`flight`](super::flight)); entries whose
 //!    changelog is acknowledged are marked done with the next batch;
-//! 5. the offsets are committed to the group, for lag monitoring only.
+//! 5. the offsets are committed to the group, for lag monitoring only (at most once a
+//!    second, and on stopping).
 //!
 //! Rebalances happen inside `poll` (step 1), between batches: on assignment each partition is
 //! claimed (`restore`) and the consumer is positioned at the offsets stored with the state; on
@@ -270,6 +271,29 @@ fn acknowledge(shared: &mut Shared, done: Vec<Done>, names: &Names, telemetry: &
 /// How far before its stored offset a task's fetch starts (see `Ctx::assign`).
 const REWIND: i64 = 2_000;
 
+/// Commits every owned task's next offsets to the group (monitoring only: the offsets that
+/// count are stored with each task's state). A failure is logged, not fatal.
+fn commit_group_offsets(
+    consumer: &BaseConsumer<Ctx>,
+    shared: &Mutex<Shared>,
+    mode: CommitMode,
+) -> Result<()> {
+    let guard = lock(shared);
+    let mut tpl = TopicPartitionList::new();
+    for (&p, task) in &guard.tasks {
+        for (topic, offset) in task.positions()? {
+            tpl.add_partition_offset(&topic, p, Offset::Offset(offset))?;
+        }
+    }
+    drop(guard);
+    if tpl.count() > 0
+        && let Err(e) = consumer.commit(&tpl, mode)
+    {
+        log::debug!("committing group offsets (monitoring only): {e}");
+    }
+    Ok(())
+}
+
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     // A panic while holding the lock ends the process anyway; the data is still consistent
     // because tasks only change through sealed batches.
@@ -462,6 +486,8 @@ fn run_loop(
     let mut last_report = Instant::now();
     let mut intake = Intake::default();
     let mut generation = lock(&shared).generation;
+    let mut uncommitted = false;
+    let mut last_group_commit = Instant::now();
 
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.beat();
@@ -577,21 +603,13 @@ fn run_loop(
             telemetry.record(o, acked_at);
         }
 
-        // 5. Group offsets, for lag monitoring only.
-        if handled > 0 {
-            let guard = lock(&shared);
-            let mut tpl = TopicPartitionList::new();
-            for (&p, task) in &guard.tasks {
-                for (topic, offset) in task.positions()? {
-                    tpl.add_partition_offset(&topic, p, Offset::Offset(offset))?;
-                }
-            }
-            drop(guard);
-            if tpl.count() > 0
-                && let Err(e) = consumer.commit(&tpl, CommitMode::Async)
-            {
-                log::debug!("committing group offsets (monitoring only): {e}");
-            }
+        // 5. Group offsets, for lag monitoring only: at most once per `LAG_INTERVAL` (one
+        // commit per batch cost the broker an offset commit every few milliseconds).
+        uncommitted |= handled > 0;
+        if uncommitted && last_group_commit.elapsed() >= LAG_INTERVAL {
+            commit_group_offsets(&consumer, &shared, CommitMode::Async)?;
+            uncommitted = false;
+            last_group_commit = Instant::now();
         }
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
@@ -619,6 +637,10 @@ fn run_loop(
             summary.dead_lettered += task.counters.dead_lettered;
         }
         summary.claims = guard.claims;
+    }
+    if uncommitted {
+        // Sync: the consumer closes right after.
+        commit_group_offsets(&consumer, &shared, CommitMode::Sync)?;
     }
     // Read ahead, never decided: the next owner reads them from the stored offsets.
     drop(intake);
