@@ -13,6 +13,11 @@
 //!    share measured first in the same run: records at the same rate through one hop (produce
 //!    to readable, same producer and reader settings). The processor's path is two hops.
 //!
+//! Every phase also reports the CPU it took, from `/proc`: this process's per proposal (every
+//! thread: the in-process processor's and, in the last two phases, the load generator's and the
+//! reader's, which the hop phase shows alone) and how busy the whole machine was (the broker's
+//! container included): whether a phase was bound by CPU or by waiting.
+//!
 //! ```sh
 //! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
 //!   --listener-url tcp://0.0.0.0:9092 --advertised-listener-url tcp://localhost:9092
@@ -108,21 +113,22 @@ fn main() -> anyhow::Result<()> {
 
     // 2. The processor on fresh keys (first, to learn its output records per input).
     produce_all(&config, &names.proposals(), &fresh)?;
-    let (fresh_rate, produced_per_input) = run_processor(&config, core.clone(), &names, n)?;
+    let (fresh_rate, produced_per_input, fresh_cpu) =
+        run_processor(&config, core.clone(), &names, n)?;
     // 3. Duplicates: the same messages again.
     produce_all(&config, &names.proposals(), &fresh)?;
-    let (dup_rate, _) = run_processor(&config, core.clone(), &names, n)?;
+    let (dup_rate, _, dup_cpu) = run_processor(&config, core.clone(), &names, n)?;
     // 1. Pass-through over the same 2n proposals, same batch shape and producer.
-    let pass_rate = pass_through(&config, &names, 2 * n, produced_per_input)?;
+    let (pass_rate, pass_cpu) = pass_through(&config, &names, 2 * n, produced_per_input)?;
     println!(
-        "pass-through      {pass_rate:>9.0} proposals/s ({produced_per_input:.1} records out per input)"
+        "pass-through      {pass_rate:>9.0} proposals/s ({produced_per_input:.1} records out per input)  {pass_cpu}"
     );
     println!(
-        "processor fresh   {fresh_rate:>9.0} proposals/s  ratio {:.2}",
+        "processor fresh   {fresh_rate:>9.0} proposals/s  ratio {:.2}  {fresh_cpu}",
         fresh_rate / pass_rate
     );
     println!(
-        "processor dups    {dup_rate:>9.0} proposals/s  ratio {:.2}",
+        "processor dups    {dup_rate:>9.0} proposals/s  ratio {:.2}  {dup_cpu}",
         dup_rate / pass_rate
     );
     // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
@@ -142,14 +148,19 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(topics::create(&config, &plan, Duration::from_secs(30)))?;
     // The broker's share: one hop (produce to readable) at the same rate, same clients. The
     // processor's path is two hops (the proposal in, the decision out) plus its batch.
-    let (h50, h99, hops) = hop_latency(&config, &hop_topic, rate, args.latency_seconds)?;
+    let hop = hop_latency(&config, &hop_topic, rate, args.latency_seconds)?;
     println!(
-        "broker hop at {rate:.0}/s: p50 {h50:.1} ms, p99 {h99:.1} ms over {hops} records (produce to readable)"
+        "broker hop at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} records (produce to readable)  {}",
+        hop.p50, hop.p99, hop.count, hop.cpu
     );
-    let (p50, p99, count, split) = latency(&config, core, &names, rate, args.latency_seconds)?;
+    let (lat, split) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
-        "latency at {rate:.0}/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {count} proposals (produce to decision readable)  p50 ratio to two hops {:.2}",
-        p50 / (2.0 * h50)
+        "latency at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} proposals (produce to decision readable)  p50 ratio to two hops {:.2}  {}",
+        lat.p50,
+        lat.p99,
+        lat.count,
+        lat.p50 / (2.0 * hop.p50),
+        lat.cpu
     );
     for (name, h) in [
         ("produce to sealed", &split.to_sealed),
@@ -199,6 +210,93 @@ fn produce_all(
     Ok(())
 }
 
+/// Clock ticks per second of `/proc` (`USER_HZ`, which Linux fixes at 100 on x86 and Arm).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time so far, in clock ticks: this process's (every thread, the in-process processor's
+/// among them, exited ones included) and the whole machine's (the broker and its container too).
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    process: u64,
+    busy: u64,
+    steal: u64,
+    total: u64,
+}
+
+impl Cpu {
+    fn now() -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+        // After the command name (in parentheses, may hold spaces) come field 3 (state) on;
+        // utime and stime are fields 14 and 15.
+        let (_, rest) = stat
+            .rsplit_once(')')
+            .context("/proc/self/stat has no command name")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| -> anyhow::Result<u64> {
+            Ok(fields
+                .get(n - 3)
+                .context("/proc/self/stat has too few fields")?
+                .parse()?)
+        };
+        let process = field(14)? + field(15)?;
+        let machine = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let ticks: Vec<u64> = machine
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("cpu "))
+            .context("/proc/stat has no cpu line")?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        // user nice system idle iowait irq softirq steal (guest time is counted in user).
+        let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = ticks[..] else {
+            anyhow::bail!("/proc/stat: the cpu line has fewer than 8 fields");
+        };
+        let busy = user + nice + system + irq + softirq;
+        Ok(Cpu {
+            process,
+            busy,
+            steal,
+            total: busy + idle + iowait + steal,
+        })
+    }
+
+    /// What was used from `start` to `self`, over `inputs` proposals.
+    fn since(self, start: Cpu, inputs: f64) -> CpuUsage {
+        let total = (self.total - start.total).max(1) as f64;
+        CpuUsage {
+            process_micros_per_input: (self.process - start.process) as f64 / USER_HZ * 1e6
+                / inputs.max(1.0),
+            machine_busy: (self.busy - start.busy) as f64 / total,
+            machine_steal: (self.steal - start.steal) as f64 / total,
+        }
+    }
+}
+
+/// CPU over a phase: the cost per proposal in this process, and how busy the machine was.
+#[derive(Debug, Clone, Copy)]
+struct CpuUsage {
+    process_micros_per_input: f64,
+    /// Share of all cores' time, 0 to 1.
+    machine_busy: f64,
+    machine_steal: f64,
+}
+
+impl std::fmt::Display for CpuUsage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cpu {:.0} µs per proposal in this process, machine {:.0}% busy",
+            self.process_micros_per_input,
+            100.0 * self.machine_busy
+        )?;
+        if self.machine_steal >= 0.005 {
+            write!(f, " ({:.0}% stolen)", 100.0 * self.machine_steal)?;
+        }
+        Ok(())
+    }
+}
+
 /// Count of records in `topic` (sum of high watermarks).
 fn topic_size(consumer: &BaseConsumer, topic: &str, partitions: i32) -> anyhow::Result<i64> {
     let mut total = 0;
@@ -210,13 +308,13 @@ fn topic_size(consumer: &BaseConsumer, topic: &str, partitions: i32) -> anyhow::
 }
 
 /// Runs the processor until `new_decisions` more decisions are readable; returns decisions per
-/// second of this run and output records per input.
+/// second of this run, output records per input and the CPU used while the clock ran.
 fn run_processor(
     config: &Config,
     core: Arc<airlock_processor::core::Core>,
     names: &Names,
     new_decisions: usize,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, f64, CpuUsage)> {
     let watcher: BaseConsumer = config
         .client_config()
         .set("group.id", "bench-watch")
@@ -241,7 +339,7 @@ fn run_processor(
     loop {
         let size = topic_size(&watcher, &decisions, parts)? - before - barriers;
         if started.is_none() && size > i64::from(parts) {
-            started = Some((Instant::now(), size));
+            started = Some((Instant::now(), size, Cpu::now()?));
         }
         if size >= target_new + i64::from(parts) {
             break;
@@ -262,15 +360,16 @@ fn run_processor(
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (t0, s0) = started.context("no decision seen")?;
+    let (t0, s0, cpu0) = started.context("no decision seen")?;
     let elapsed = t0.elapsed().as_secs_f64();
     let decided = (target_new + i64::from(parts) - s0) as f64;
+    let cpu = Cpu::now()?.since(cpu0, decided);
     shutdown.store(true, Ordering::Relaxed);
     let summary = handle
         .join()
         .map_err(|_| anyhow::anyhow!("processor panicked"))??;
     let per_input = summary.produced as f64 / summary.inputs.max(1) as f64;
-    Ok((decided / elapsed, per_input))
+    Ok((decided / elapsed, per_input, cpu))
 }
 
 /// The baseline: consume, produce `per_input` records per input, wait for acks, per batch.
@@ -279,7 +378,7 @@ fn pass_through(
     names: &Names,
     total: usize,
     per_input: f64,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, CpuUsage)> {
     let mut consumer_config = config.client_config();
     config
         .kafka
@@ -320,7 +419,9 @@ fn pass_through(
             };
             match consumer.poll(timeout) {
                 Some(Ok(m)) => {
-                    started.get_or_insert_with(Instant::now);
+                    if started.is_none() {
+                        started = Some((Instant::now(), Cpu::now()?));
+                    }
                     first.get_or_insert_with(Instant::now);
                     batch.push((
                         m.partition(),
@@ -356,18 +457,17 @@ fn pass_through(
         consumed += batch.len();
     }
     flights.advance(&producer, 0)?;
-    let elapsed = started.context("nothing consumed")?.elapsed().as_secs_f64();
-    Ok(total as f64 / elapsed)
+    let (t0, cpu0) = started.context("nothing consumed")?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    Ok((
+        total as f64 / elapsed,
+        Cpu::now()?.since(cpu0, total as f64),
+    ))
 }
 
 /// Records at `rate` per second for `seconds` to `topic`, read back as the latency phase reads
 /// decisions; p50/p99 from produce to readable, in ms.
-fn hop_latency(
-    config: &Config,
-    topic: &str,
-    rate: f64,
-    seconds: u64,
-) -> anyhow::Result<(f64, f64, u64)> {
+fn hop_latency(config: &Config, topic: &str, rate: f64, seconds: u64) -> anyhow::Result<RoundTrip> {
     let clock = Instant::now();
     paced_round_trip(
         config,
@@ -409,7 +509,7 @@ fn latency(
     names: &Names,
     rate: f64,
     seconds: u64,
-) -> anyhow::Result<(f64, f64, u64, Split)> {
+) -> anyhow::Result<(RoundTrip, Split)> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let flag = shutdown.clone();
     let cfg = config.clone();
@@ -469,8 +569,15 @@ fn latency(
     handle
         .join()
         .map_err(|_| anyhow::anyhow!("processor panicked"))??;
-    let (p50, p99, count) = result?;
-    Ok((p50, p99, count, split))
+    Ok((result?, split))
+}
+
+/// What a paced round trip measured: latency in ms, how many records, the CPU it took.
+struct RoundTrip {
+    p50: f64,
+    p99: f64,
+    count: u64,
+    cpu: CpuUsage,
 }
 
 /// What a latency measurement sends and reads.
@@ -489,13 +596,12 @@ struct Paced<'a> {
 /// `latency(message)` in µs (`None`: not a measured record) until every record is measured or
 /// the time is up. The last records stay behind tansu's high watermark until something follows
 /// them: once the sender is done and the reader quiet, barriers (skipped) follow them.
-/// Returns p50 and p99 in ms and the count.
 fn paced_round_trip(
     config: &Config,
     paced: Paced<'_>,
     mut record: impl FnMut(usize) -> anyhow::Result<(String, Vec<u8>)> + Send + 'static,
     mut latency: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<Option<u64>>,
-) -> anyhow::Result<(f64, f64, u64)> {
+) -> anyhow::Result<RoundTrip> {
     let reader: BaseConsumer = config
         .client_config()
         .set("group.id", paced.group)
@@ -511,6 +617,7 @@ fn paced_round_trip(
     std::thread::sleep(paced.settle);
     let producer = base_producer(config)?;
     let total = (paced.rate * paced.seconds as f64) as usize;
+    let cpu = Cpu::now()?;
     let interval = Duration::from_secs_f64(1.0 / paced.rate);
     let sender = {
         let topic = paced.send_to.to_owned();
@@ -556,9 +663,10 @@ fn paced_round_trip(
     sender
         .join()
         .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1000.0,
-        hist.value_at_quantile(0.99) as f64 / 1000.0,
-        hist.len(),
-    ))
+    Ok(RoundTrip {
+        p50: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        count: hist.len(),
+        cpu: Cpu::now()?.since(cpu, hist.len() as f64),
+    })
 }
