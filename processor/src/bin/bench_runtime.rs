@@ -225,10 +225,17 @@ struct Cpu {
 
 impl Cpu {
     fn now() -> anyhow::Result<Self> {
-        let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+        let process =
+            std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+        let machine = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        Cpu::parse(&process, &machine)
+    }
+
+    /// From the texts of `/proc/self/stat` and `/proc/stat`.
+    fn parse(process: &str, machine: &str) -> anyhow::Result<Self> {
         // After the command name (in parentheses, may hold spaces) come field 3 (state) on;
         // utime and stime are fields 14 and 15.
-        let (_, rest) = stat
+        let (_, rest) = process
             .rsplit_once(')')
             .context("/proc/self/stat has no command name")?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -239,7 +246,6 @@ impl Cpu {
                 .parse()?)
         };
         let process = field(14)? + field(15)?;
-        let machine = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
         let ticks: Vec<u64> = machine
             .lines()
             .next()
@@ -669,4 +675,62 @@ fn paced_round_trip(
         count: hist.len(),
         cpu: Cpu::now()?.since(cpu, hist.len() as f64),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MACHINE: &str = "cpu  100 20 30 800 40 5 5 10 7 0\ncpu0 50 10 15 400 20 2 3 5 3 0\n";
+
+    #[test]
+    fn cpu_reads_utime_and_stime_past_a_command_name_with_spaces_and_parentheses() {
+        let process = "4242 (bench (x) y) S 1 4242 4242 0 -1 4194304 10 0 0 0 \
+                       250 75 0 0 20 0 9 0 100 1000 50";
+        let cpu = Cpu::parse(process, MACHINE).expect("well-formed /proc texts");
+        assert_eq!(cpu.process, 325);
+        assert_eq!(cpu.busy, 160, "user + nice + system + irq + softirq");
+        assert_eq!(cpu.steal, 10);
+        assert_eq!(
+            cpu.total, 1010,
+            "busy + idle + iowait + steal; guest is inside user"
+        );
+
+        let later = Cpu {
+            process: cpu.process + 100,
+            busy: cpu.busy + 150,
+            steal: cpu.steal + 10,
+            total: cpu.total + 200,
+        };
+        let usage = later.since(cpu, 500.0);
+        assert_eq!(
+            usage.process_micros_per_input, 2_000.0,
+            "1 s of CPU over 500"
+        );
+        assert_eq!(usage.machine_busy, 0.75);
+        assert_eq!(usage.machine_steal, 0.05);
+        assert_eq!(
+            usage.to_string(),
+            "cpu 2000 µs per proposal in this process, machine 75% busy (5% stolen)"
+        );
+    }
+
+    #[test]
+    fn cpu_rejects_truncated_proc_texts() {
+        assert!(
+            Cpu::parse("4242 bench S 1", MACHINE).is_err(),
+            "no parentheses"
+        );
+        assert!(
+            Cpu::parse("4242 (bench) S 1 2 3", MACHINE).is_err(),
+            "too few fields"
+        );
+        let process = "1 (b) S 1 1 1 0 -1 0 0 0 0 0 1 1 0 0";
+        assert!(
+            Cpu::parse(process, "cpu  1 2 3 4 5 6 7\n").is_err(),
+            "7 fields"
+        );
+        assert!(Cpu::parse(process, "intr 1 2 3\n").is_err(), "no cpu line");
+        assert!(Cpu::parse(process, MACHINE).is_ok());
+    }
 }
