@@ -113,27 +113,27 @@ fn main() -> anyhow::Result<()> {
 
     // 2. The processor on fresh keys (first, to learn its output records per input).
     produce_all(&config, &names.proposals(), &fresh)?;
-    let (fresh_rate, produced_per_input, fresh_cpu) =
-        run_processor(&config, core.clone(), &names, n)?;
+    let fresh_run = run_processor(&config, core.clone(), &names, n)?;
     // 3. Duplicates: the same messages again.
     produce_all(&config, &names.proposals(), &fresh)?;
-    let (dup_rate, _, dup_cpu) = run_processor(&config, core.clone(), &names, n)?;
+    let dup_run = run_processor(&config, core.clone(), &names, n)?;
     // 1. Pass-through over the same 2n proposals, same batch shape and producer.
-    let (pass_rate, pass_cpu) = pass_through(&config, &names, 2 * n, produced_per_input)?;
+    let per_input = fresh_run.records_per_input;
+    let (pass_rate, pass_cpu) = pass_through(&config, &names, 2 * n, per_input)?;
     println!(
-        "pass-through      {pass_rate:>9.0} proposals/s ({produced_per_input:.1} records out per input)  {pass_cpu}"
+        "pass-through      {pass_rate:>9.0} proposals/s ({per_input:.1} records out per input)  {pass_cpu}"
     );
-    println!(
-        "processor fresh   {fresh_rate:>9.0} proposals/s  ratio {:.2}  {fresh_cpu}",
-        fresh_rate / pass_rate
-    );
-    println!(
-        "processor dups    {dup_rate:>9.0} proposals/s  ratio {:.2}  {dup_cpu}",
-        dup_rate / pass_rate
-    );
+    for (name, run) in [("fresh", &fresh_run), ("dups ", &dup_run)] {
+        println!(
+            "processor {name}   {:>9.0} proposals/s  ratio {:.2}  {}",
+            run.rate,
+            run.rate / pass_rate,
+            run.cpu
+        );
+    }
     // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
     // phases above dispatched time out (no connector runs here) and must not fire meanwhile.
-    let rate = (fresh_rate / 2.0).max(100.0);
+    let rate = (fresh_run.rate / 2.0).max(100.0);
     let mut config = config.clone();
     config.topics.prefix = format!("bench-{:x}-latency.", now_ms());
     let latency_state = tempfile::tempdir()?;
@@ -313,14 +313,23 @@ fn topic_size(consumer: &BaseConsumer, topic: &str, partitions: i32) -> anyhow::
     Ok(total)
 }
 
-/// Runs the processor until `new_decisions` more decisions are readable; returns decisions per
-/// second of this run, output records per input and the CPU used while the clock ran.
+/// What one run of the processor measured.
+struct ProcessorRun {
+    /// Decisions per second.
+    rate: f64,
+    /// Output records produced per input record.
+    records_per_input: f64,
+    /// CPU used while the clock ran.
+    cpu: CpuUsage,
+}
+
+/// Runs the processor until `new_decisions` more decisions are readable.
 fn run_processor(
     config: &Config,
     core: Arc<airlock_processor::core::Core>,
     names: &Names,
     new_decisions: usize,
-) -> anyhow::Result<(f64, f64, CpuUsage)> {
+) -> anyhow::Result<ProcessorRun> {
     let watcher: BaseConsumer = config
         .client_config()
         .set("group.id", "bench-watch")
@@ -375,7 +384,11 @@ fn run_processor(
         .join()
         .map_err(|_| anyhow::anyhow!("processor panicked"))??;
     let per_input = summary.produced as f64 / summary.inputs.max(1) as f64;
-    Ok((decided / elapsed, per_input, cpu))
+    Ok(ProcessorRun {
+        rate: decided / elapsed,
+        records_per_input: per_input,
+        cpu,
+    })
 }
 
 /// The baseline: consume, produce `per_input` records per input, wait for acks, per batch.
