@@ -142,6 +142,41 @@ fn acknowledged_entries_leave_the_outbox() {
 }
 
 #[test]
+fn a_change_gets_one_checkpoint_and_an_idle_partition_none_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let codec = Codec::new();
+    let payload = codec
+        .encode_single_object(&sample::refund("refund:o4", 500, 1_000))
+        .unwrap();
+    let mut t = task(dir.path());
+    let every = 1_000;
+    // One batch as the decide loop runs it (checkpoint if due, seal), then the broker's
+    // acknowledgement; returns the journal records the batch produced.
+    let batch = |t: &mut PartitionTask, now: i64| -> usize {
+        t.checkpoint_if_due(now, every).unwrap();
+        let out = t.seal(now).unwrap();
+        if !out.records.is_empty() {
+            t.acknowledged(out.row, None);
+        }
+        out.records
+            .iter()
+            .filter(|r| r.header(header::KIND) == Some(b"journal".as_slice()))
+            .count()
+    };
+    t.handle_record(&record(0, b"refund:o4", &payload)).unwrap();
+    assert!(batch(&mut t, 0) > 0, "the proposal's own journal events");
+    assert_eq!(batch(&mut t, 500), 0, "not due yet");
+    assert_eq!(batch(&mut t, 1_000), 1, "the checkpoint the change owes");
+    for now in [2_000, 3_000, 60_000] {
+        assert_eq!(
+            batch(&mut t, now),
+            0,
+            "at {now}: the checkpoint's acknowledgement owes no other checkpoint"
+        );
+    }
+}
+
+#[test]
 fn another_writer_on_the_changelog_freezes_the_known_end() {
     let dir = tempfile::tempdir().unwrap();
     let codec = Codec::new();

@@ -7,15 +7,18 @@
 //! `b`'s records on the changelog, rebuild, take an epoch above `b`'s, and decide the voided
 //! proposals again. (An earlier version advanced the store's known changelog end over `b`'s
 //! records with `a`'s own acknowledgements, reused the store, claimed `b`'s epoch a second time
-//! and never answered those proposals.)
+//! and never answered those proposals.) What its outbox still holds is dropped unsent, never
+//! written behind `b`'s records.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_processor::runtime::wire::{Admit, FENCE_KIND, header};
-use airlock_schemas::ToolProposal;
+use airlock_processor::runtime::wire::{self, Admit, FENCE_KIND, OutRecord, header};
+use airlock_processor::store::keys::Table;
+use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
+use airlock_schemas::{ChangelogRecord, Codec, StateTable, ToolProposal};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
@@ -102,6 +105,37 @@ async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
     );
     stop(first)?;
 
+    // A batch `a` committed but never saw acknowledged (as if killed between the two): one
+    // changelog row of its voided epoch 1. The claim must drop it unsent: sent behind b's
+    // records, a compacted changelog would keep it over b's row of the same key.
+    let unsent = "changelog/0/zombie-unsent";
+    {
+        let dir = a.state_dir("a").join("partition-0");
+        let mut store = StateStore::open(RocksBackend::open(&dir, &RocksOptions { sync: true })?)?;
+        let row = OutRecord {
+            topic: a.names.changelog(),
+            partition: 0,
+            key: Some(b"zombie-unsent".to_vec()),
+            value: Some(Codec::new().encode_single_object(&ChangelogRecord {
+                partition: 0,
+                owner_epoch: 1,
+                table: StateTable::Meta,
+                key: b"zombie-unsent".to_vec(),
+                value: Some(b"never sent".to_vec()),
+                input_offsets: Vec::new(),
+                written_at: now,
+            })?),
+            headers: wire::identity("changelog", unsent, 0, 1),
+            phase: 1,
+        };
+        store.stage_raw(
+            Table::Outbox,
+            &(1u64 << 40).to_be_bytes(),
+            Some(wire::encode_outbox_row(&[row])),
+        );
+        store.commit()?;
+    }
+
     // `a` comes back on the same disk and claims again: every proposal gets an admitted reply,
     // the same as an uninterrupted run's.
     let again = a.spawn_process("a", "group-3", &log)?;
@@ -120,8 +154,16 @@ async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
         .lines()
         .rfind(|l| l.contains("[a]") && l.contains("claimed"))
         .expect("a logged its claims");
+    let sent = a
+        .read_topic(&a.names.changelog())?
+        .iter()
+        .filter(|r| r.header_str(header::ID) == Some(unsent))
+        .count();
+    assert_eq!(sent, 0, "the stale outbox row reached the changelog");
     assert!(
-        last_claim.contains("owner epoch 3") && last_claim.contains("rebuilt"),
+        last_claim.contains("owner epoch 3")
+            && last_claim.contains("rebuilt")
+            && last_claim.contains("1 stale outbox records dropped"),
         "a's second claim: {last_claim}"
     );
     workload::assert_matches_reference(&a, &decided)?;

@@ -1,7 +1,7 @@
-//! Gaining a partition (DESIGN.md sections 5 and 6): resend what the local outbox still holds,
-//! decide whether the local state is current, restore it from `airlock.changelog` when it is
-//! missing or behind, claim the next owner epoch, write the fence markers before any other
-//! output, and catch up to the marker.
+//! Gaining a partition (DESIGN.md sections 5 and 6): decide whether the local state is current,
+//! resend what the local outbox still holds when it is (drop it unsent when it is not), restore
+//! the state from `airlock.changelog` when it is missing or behind, claim the next owner epoch,
+//! write the fence markers before any other output, and catch up to the marker.
 //!
 //! Local state is reused only when every changelog record after the position it last knew was
 //! written by its own owner epoch; any record of a later owner means another task decided
@@ -111,7 +111,10 @@ impl std::fmt::Debug for Claim {
 /// What a claim did, for the log.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Outbox records the last incarnation committed and had not seen acknowledged, sent now.
     pub resent: usize,
+    /// Such records dropped unsent because a later owner took the partition over meanwhile.
+    pub dropped: usize,
     pub restored_rows: u64,
     pub reused_local_state: bool,
     pub owner_epoch: i64,
@@ -167,25 +170,10 @@ impl Claim {
 
         // Where this store's knowledge of the changelog ends: it advances only over the
         // changelog records the previous owner task wrote back to back (see
-        // `PartitionTask::acknowledged`), never past someone else's. The resend below does not
-        // move it: its records land after any other owner's.
+        // `PartitionTask::acknowledged`), never past someone else's.
         let known_end = self.read_i64(&store, META_CHANGELOG_NEXT, partition)?;
 
-        // 1. What the last incarnation committed but may not have produced.
-        let pending = partition::pending_outbox(&store, partition)?;
-        report.resent = pending.iter().map(|o| o.records.len()).sum();
-        if !pending.is_empty() {
-            let records: Vec<OutRecord> = pending.iter().flat_map(|o| o.records.clone()).collect();
-            self.producer.send_phased(&records)?;
-            for o in &pending {
-                store.stage_raw(Table::Outbox, &o.row.to_be_bytes(), None);
-            }
-            store
-                .commit()
-                .map_err(|source| Error::Store { partition, source })?;
-        }
-
-        // 2. Is the local state current?
+        // 1. Is the local state current?
         let topic = self.names.changelog();
         let (low, _) = self
             .reader
@@ -212,7 +200,23 @@ impl Claim {
                 Ok(())
             })?;
         }
+        // 2. What the last incarnation committed but may not have produced. Resent only when
+        // that incarnation is still the partition's latest owner. Behind a later owner's
+        // records it is dropped unsent: whatever of it did not reach the changelog, that owner
+        // decided again from the changelog's offsets; consumers would drop the records by the
+        // fence anyway; and on the compacted changelog a stale row sent after the later owner's
+        // row for the same key would outlive it and erase it from every later restore.
+        let pending = partition::pending_outbox(&store, partition)?;
+        let pending_records: usize = pending.iter().map(|o| o.records.len()).sum();
         if stale {
+            if pending_records > 0 {
+                log::warn!(
+                    "partition {partition}: dropping {pending_records} unsent outbox records of \
+                     owner epoch {}: a later owner (epoch {max_epoch}) decided their inputs again",
+                    local_epoch.unwrap_or(0)
+                );
+            }
+            report.dropped = pending_records;
             drop(store);
             self.wipe(partition)?;
             store = self.open(&dir, partition)?;
@@ -251,6 +255,20 @@ impl Claim {
             report.restored_rows = applied;
         } else {
             report.reused_local_state = true;
+            // They land behind the barrier: step 4 reads them back and applies its own rows
+            // again (the same values, in the same order: a no-op).
+            report.resent = pending_records;
+            if !pending.is_empty() {
+                let records: Vec<OutRecord> =
+                    pending.iter().flat_map(|o| o.records.clone()).collect();
+                self.producer.send_phased(&records)?;
+                for o in &pending {
+                    store.stage_raw(Table::Outbox, &o.row.to_be_bytes(), None);
+                }
+                store
+                    .commit()
+                    .map_err(|source| Error::Store { partition, source })?;
+            }
         }
 
         // 3. Claim the next owner epoch; fence markers go out before any other output.

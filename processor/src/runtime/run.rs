@@ -225,7 +225,8 @@ impl Ctx {
             shared.claims += 1;
             log::info!(
                 "partition {p}: owner epoch {} claimed in {:.0?} (local state {}, {} rows \
-                 restored, {} outbox records resent, {} fenced rows skipped)",
+                 restored, {} outbox records resent, {} stale outbox records dropped, {} fenced \
+                 rows skipped)",
                 report.owner_epoch,
                 started.elapsed(),
                 if report.reused_local_state {
@@ -235,6 +236,7 @@ impl Ctx {
                 },
                 report.restored_rows,
                 report.resent,
+                report.dropped,
                 report.fenced_rows,
             );
             for topic in &self.inputs {
