@@ -218,3 +218,52 @@ fn known_end(t: &PartitionTask) -> Option<i64> {
     // Staged bookkeeping lands with the next batch; read what is committed.
     partition::read_i64(t.store(), Table::Meta, partition::META_CHANGELOG_NEXT, 0).unwrap()
 }
+
+#[test]
+fn rewritten_rows_go_out_again_unchanged_with_the_owners_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let codec = Codec::new();
+    let payload = codec
+        .encode_single_object(&sample::refund("refund:o5", 500, 1_000))
+        .unwrap();
+    let mut t = task(dir.path());
+    t.handle_record(&record(0, b"refund:o5", &payload)).unwrap();
+    let out = t.seal(2_000).unwrap();
+    t.acknowledged(out.row, None);
+    t.seal(2_001).unwrap();
+    let projection = t.store().projection_hash();
+
+    let present = Table::Effect.key(b"refund:o5");
+    let absent = Table::Effect.key(b"refund:never");
+    let local = Table::Meta.key(partition::META_CHANGELOG_NEXT);
+    assert_eq!(
+        t.rewrite_rows(&[present.clone(), absent.clone(), local])
+            .unwrap(),
+        2,
+        "store-local rows never go to the changelog"
+    );
+    let out = t.seal(3_000).unwrap().records;
+    assert_eq!(t.store().projection_hash(), projection);
+    let rows: Vec<(Vec<u8>, ChangelogRecord)> = out
+        .iter()
+        .filter(|r| r.phase == 1)
+        .map(|r| {
+            (
+                r.key.clone().unwrap(),
+                codec.decode_as(r.value.as_deref().unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    let of = |key: &[u8]| rows.iter().find(|(k, _)| k == key).map(|(_, r)| r).unwrap();
+    assert_eq!(of(&present).owner_epoch, 3);
+    assert_eq!(
+        of(&present).value,
+        t.store().get_raw(Table::Effect, b"refund:o5").unwrap()
+    );
+    assert!(of(&present).value.is_some());
+    assert_eq!(
+        of(&absent).value,
+        None,
+        "a key this owner does not hold: a tombstone"
+    );
+}

@@ -11,15 +11,16 @@
 //! written behind `b`'s records.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::wire::{self, Admit, FENCE_KIND, OutRecord, header};
 use airlock_processor::store::keys::Table;
 use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
 use airlock_schemas::{ChangelogRecord, Codec, StateTable, ToolProposal};
-use airlock_tests::airlock::Airlock;
+use airlock_tests::airlock::{Airlock, Read};
 use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
 
@@ -167,5 +168,163 @@ async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
         "a's second claim: {last_claim}"
     );
     workload::assert_matches_reference(&a, &decided)?;
+    Ok(())
+}
+
+/// Forges a zombie's changelog row: `of`'s key and table, written by owner epoch 0 (behind
+/// every claim's marker), with a value no owner wrote.
+fn zombie_row(a: &Airlock, of: &ChangelogRecord) -> anyhow::Result<OutRecord> {
+    let forged = ChangelogRecord {
+        owner_epoch: 0,
+        value: Some(b"a zombie's value".to_vec()),
+        input_offsets: Vec::new(),
+        ..of.clone()
+    };
+    let key = airlock_processor::runtime::partition::store_table(of.table).key(&of.key);
+    Ok(OutRecord {
+        topic: a.names.changelog(),
+        partition: 0,
+        headers: wire::identity(
+            "changelog",
+            &format!("changelog/0/zombie/{}", String::from_utf8_lossy(&key)),
+            0,
+            0,
+        ),
+        key: Some(key),
+        value: Some(Codec::new().encode_single_object(&forged)?),
+        phase: 1,
+    })
+}
+
+/// Sends records as another producer would (a thread of its own: the producer blocks).
+fn produce(a: &Airlock, records: Vec<OutRecord>) -> anyhow::Result<()> {
+    let client = a.config.client_config();
+    std::thread::spawn(move || -> anyhow::Result<()> {
+        Producer::new(&client, 0)?.send_phased(&records)?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("producer thread panicked"))?
+}
+
+/// The latest changelog record of each Kafka key, as compaction would keep it.
+fn compacted(a: &Airlock) -> anyhow::Result<BTreeMap<Vec<u8>, Read>> {
+    let mut latest = BTreeMap::new();
+    for r in a.read_topic(&a.names.changelog())? {
+        if let Some(key) = r.key.clone()
+            && r.header(header::KIND) == Some(b"changelog".as_slice())
+        {
+            latest.insert(key, r);
+        }
+    }
+    Ok(latest)
+}
+
+/// The latest admitted effect row of `key` on the changelog, once the changelog reflects the
+/// proposals up to offset `next` (a decision is readable before its batch's changelog rows).
+async fn settled_row(a: &Airlock, key: &str, next: i64) -> anyhow::Result<ChangelogRecord> {
+    eventually("the batch's changelog rows", WAIT, async || {
+        let rows = effect_rows(a)?;
+        let proposals = a.names.proposals();
+        let reflected = rows.iter().any(|r| {
+            r.input_offsets
+                .iter()
+                .any(|o| o.topic == proposals && o.offset >= next)
+        });
+        Ok(reflected
+            .then(|| {
+                rows.into_iter()
+                    .rfind(|r| r.table == StateTable::Effect && r.key == key.as_bytes())
+            })
+            .flatten())
+    })
+    .await
+}
+
+/// The admitted rows of the owners on the changelog, decoded: effect rows with a value, and
+/// every row that carries input offsets (a batch's last).
+fn effect_rows(a: &Airlock) -> anyhow::Result<Vec<ChangelogRecord>> {
+    let codec = Codec::new();
+    let mut rows = Vec::new();
+    for r in a.read_topic(&a.names.changelog())? {
+        if r.header(header::KIND) != Some(b"changelog".as_slice()) || r.admit != Admit::Accept {
+            continue;
+        }
+        let record: ChangelogRecord = codec.decode_as(r.value.as_deref().unwrap_or_default())?;
+        if (record.table == StateTable::Effect && record.value.is_some())
+            || !record.input_offsets.is_empty()
+        {
+            rows.push(record);
+        }
+    }
+    Ok(rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_writes_again_the_keys_a_zombie_wrote_behind_its_marker() -> anyhow::Result<()> {
+    let a = Airlock::start("zombie-rows", 1).await?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let producer = a.producer()?;
+    let ask = async |key: &str| -> anyhow::Result<()> {
+        let p = airlock_processor::sample::refund(key, 500, now);
+        a.send(&producer, &a.names.proposals(), key, &p).await?;
+        eventually("the reply", WAIT, async || {
+            Ok(a.proposal_replies()?
+                .contains_key(&p.proposal_id)
+                .then_some(()))
+        })
+        .await
+    };
+    // Whether the latest row of `of`'s key (all compaction would keep) is the owner's.
+    let owners_row_is_latest = |of: &ChangelogRecord| -> anyhow::Result<bool> {
+        let key = airlock_processor::runtime::partition::store_table(of.table).key(&of.key);
+        Ok(compacted(&a)?
+            .get(&key)
+            .is_some_and(|r| r.admit == Admit::Accept))
+    };
+
+    // While the owner runs: a zombie's row lands among its changelog records.
+    let b = a.spawn("b")?;
+    ask("refund:zombie-1").await?;
+    let first = settled_row(&a, "refund:zombie-1", 1).await?;
+    produce(&a, vec![zombie_row(&a, &first)?])?;
+    // (Not asserted here: the owner's next changelog write, a checkpoint perhaps, may already
+    // have put its row back.)
+    // The owner's next batch shows it another writer's records among its own.
+    ask("refund:zombie-2").await?;
+    eventually(
+        "the owner's row of the key written again",
+        WAIT,
+        async || Ok(owners_row_is_latest(&first)?.then_some(())),
+    )
+    .await?;
+    b.stop()?;
+
+    // While nobody runs: the next claim finds the zombie's row after what its store knew.
+    let second = settled_row(&a, "refund:zombie-2", 2).await?;
+    produce(&a, vec![zombie_row(&a, &second)?])?;
+    assert!(!owners_row_is_latest(&second)?);
+    let again = a.spawn("b")?;
+    eventually(
+        "the claimer's row of the key written again",
+        WAIT,
+        async || Ok(owners_row_is_latest(&second)?.then_some(())),
+    )
+    .await?;
+    again.stop()?;
+
+    // Both keys hold the owner's values: a restore from the compacted changelog loses neither.
+    let compacted = compacted(&a)?;
+    let codec = Codec::new();
+    for of in [&first, &second] {
+        let key = airlock_processor::runtime::partition::store_table(of.table).key(&of.key);
+        let latest: ChangelogRecord =
+            codec.decode_as(compacted[&key].value.as_deref().unwrap_or_default())?;
+        assert_ne!(
+            latest.value.as_deref(),
+            Some(b"a zombie's value".as_slice())
+        );
+        assert!(latest.value.is_some(), "the key kept its value");
+    }
     Ok(())
 }

@@ -119,6 +119,10 @@ pub struct PartitionTask {
     /// The changelog offset this task's next record lands at if nobody else writes there;
     /// `None` once someone did (see `acknowledged`).
     changelog_next: Option<i64>,
+    /// Where this task's own changelog records ended at the last acknowledgement, whoever
+    /// wrote in between: the start of the next range in which to look for another writer's
+    /// records (see `acknowledged`).
+    changelog_cursor: Option<i64>,
     pub counters: Counters,
     /// What the current batch did, for the metrics (taken by the run loop after each seal).
     observed: Observed,
@@ -162,6 +166,7 @@ impl PartitionTask {
             staged_outbox: Vec::new(),
             staged_offsets: BTreeMap::new(),
             changelog_next,
+            changelog_cursor: changelog_next,
             counters: Counters::default(),
             observed: Observed::default(),
             trace_headers: Vec::new(),
@@ -419,12 +424,24 @@ impl PartitionTask {
     /// while this task is a zombie that has not yet heard of its revocation) freeze it, so the
     /// next claim reads them, finds the later epoch and rebuilds instead of trusting state the
     /// fence has voided.
-    pub fn acknowledged(&mut self, row: u64, changelog: Option<Span>) {
+    ///
+    /// Returns the changelog offsets `[from, until)` where another writer's records sit among
+    /// this task's, if any: the run loop reads them and, where they are a fenced owner's rows,
+    /// has this task write its own values of those keys again (see `rewrite_rows`).
+    pub fn acknowledged(&mut self, row: u64, changelog: Option<Span>) -> Option<(i64, i64)> {
         let partition = self.partition();
         let store = self.task.store_mut();
         store.stage_raw(Table::Outbox, &row.to_be_bytes(), None);
-        let (Some(span), Some(next)) = (changelog, self.changelog_next) else {
-            return;
+        let span = changelog?;
+        let foreign = match self.changelog_cursor {
+            Some(cursor) if span.lowest > cursor || !span.is_contiguous() => {
+                Some((cursor, span.highest + 1))
+            }
+            _ => None,
+        };
+        self.changelog_cursor = Some(span.highest + 1);
+        let Some(next) = self.changelog_next else {
+            return foreign;
         };
         if span.lowest == next && span.is_contiguous() {
             self.changelog_next = Some(span.highest + 1);
@@ -442,6 +459,34 @@ impl PartitionTask {
             );
             self.changelog_next = None;
         }
+        foreign
+    }
+
+    /// Stages this task's current value of each full store key in `keys` (a deletion where it
+    /// has none) so the next seal writes it to the changelog again, behind a fenced owner's
+    /// rows of the same keys. The changelog is compacted to the latest record per key: left
+    /// alone, a zombie's row written after this owner's would outlive it, and every later
+    /// restore, which drops the zombie's row by the fence, would lose the key. The values are
+    /// unchanged, so the projection and the timers are too. Returns how many rows it staged.
+    pub fn rewrite_rows(&mut self, keys: &[Vec<u8>]) -> Result<usize> {
+        let partition = self.partition();
+        let store = self.task.store_mut();
+        let mut staged = 0;
+        for key in keys {
+            if changelog_table(key).is_none() || key[1..] == *META_OWNER_EPOCH {
+                continue;
+            }
+            let Some(table) = Table::from_prefix(key[0]) else {
+                continue;
+            };
+            let id = &key[1..];
+            let value = store
+                .get_raw(table, id)
+                .map_err(|source| Error::Store { partition, source })?;
+            store.stage_raw(table, id, value);
+            staged += 1;
+        }
+        Ok(staged)
     }
 
     /// Commits staged bookkeeping (acknowledgements) without a batch of inputs.

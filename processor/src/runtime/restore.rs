@@ -7,6 +7,7 @@
 //! written by its own owner epoch; any record of a later owner means another task decided
 //! inputs this store has not seen, so the store is dropped and rebuilt from the changelog.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,6 +116,9 @@ pub struct Report {
     pub resent: usize,
     /// Such records dropped unsent because a later owner took the partition over meanwhile.
     pub dropped: usize,
+    /// Rows the task writes again with its first batch: keys of which the changelog holds a
+    /// fenced owner's row that a compaction could leave in place of the valid one.
+    pub rewritten: usize,
     pub restored_rows: u64,
     pub reused_local_state: bool,
     pub owner_epoch: i64,
@@ -190,12 +194,20 @@ impl Claim {
         let mut filter = FenceFilter::default();
         let mut max_epoch = local_epoch.unwrap_or(0);
         let mut stale = local_epoch.is_none();
+        // Keys whose latest row read is fenced (an owner's row behind a later owner's marker):
+        // on the compacted changelog such a row outlives the valid rows of its key, so the task
+        // writes its own value of each again (see `PartitionTask::rewrite_rows`).
+        let mut latest_fenced = LatestFenced::default();
         if let Some(local) = local_epoch {
             let from = known_end.unwrap_or(low).max(low);
-            self.read(partition, from, high, |_, epoch, _| {
+            self.read(partition, from, high, |_, epoch, record| {
                 max_epoch = max_epoch.max(epoch);
                 if epoch > local {
                     stale = true;
+                }
+                // Behind this store's own epoch: a zombie of an earlier owner wrote it.
+                if let Some(record) = record {
+                    latest_fenced.saw(&record, epoch < local);
                 }
                 Ok(())
             })?;
@@ -217,6 +229,7 @@ impl Claim {
                 );
             }
             report.dropped = pending_records;
+            latest_fenced = LatestFenced::default();
             drop(store);
             self.wipe(partition)?;
             store = self.open(&dir, partition)?;
@@ -228,11 +241,15 @@ impl Claim {
                 if let Some(record) = record {
                     match filter_admit(&mut filter, &topic, partition, epoch, false) {
                         Admit::Accept => {
+                            latest_fenced.saw(&record, false);
                             apply(&mut store, partition, offset, record)?;
                             applied += 1;
                             self.telemetry.restored_records.inc(&[]);
                         }
-                        _ => report.fenced_rows += 1,
+                        _ => {
+                            report.fenced_rows += 1;
+                            latest_fenced.saw(&record, true);
+                        }
                     }
                 } else {
                     filter_admit(&mut filter, &topic, partition, epoch, true);
@@ -321,11 +338,13 @@ impl Claim {
                         if filter_admit(&mut filter, &topic, partition, their, false)
                             == Admit::Accept
                         {
+                            latest_fenced.saw(&record, false);
                             apply(&mut store, partition, offset, record)?;
                             applied += 1;
                             self.telemetry.restored_records.inc(&[]);
                         } else {
                             report.fenced_rows += 1;
+                            latest_fenced.saw(&record, true);
                         }
                     }
                     None => {
@@ -352,7 +371,7 @@ impl Claim {
             owner_epoch: epoch,
             task: format!("{}/{partition}", self.instance),
         };
-        let task = PartitionTask::new(
+        let mut task = PartitionTask::new(
             self.core.clone(),
             store,
             ctx,
@@ -360,6 +379,7 @@ impl Claim {
             self.codec.clone(),
             self.partitions,
         )?;
+        report.rewritten = task.rewrite_rows(&latest_fenced.keys())?;
         Ok((task, report))
     }
 
@@ -380,6 +400,26 @@ impl Claim {
 
     /// Reads changelog records `from..until` of `partition` in order: `visit(offset, owner
     /// epoch, record)`, with `record == None` for a fence marker.
+    /// The full store keys whose latest changelog row in `[from, until)` of `partition` an
+    /// owner epoch below `owner_epoch` wrote: a zombie's rows behind this owner's fence marker
+    /// (a later owner's rows mean this task is the zombie; they are left alone).
+    pub fn fenced_rows(
+        &self,
+        partition: i32,
+        owner_epoch: i64,
+        from: i64,
+        until: i64,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut latest_fenced = LatestFenced::default();
+        self.read(partition, from, until, |_, epoch, record| {
+            if let Some(record) = record {
+                latest_fenced.saw(&record, epoch < owner_epoch);
+            }
+            Ok(())
+        })?;
+        Ok(latest_fenced.keys())
+    }
+
     fn read(
         &self,
         partition: i32,
@@ -468,6 +508,34 @@ impl Claim {
             .unassign()
             .map_err(|source| Error::Kafka { partition, source })?;
         result
+    }
+}
+
+/// Per store key that had a fenced changelog row, whether the latest row read of it was
+/// fenced. Only such keys are held (bounded by the fenced rows, not by the state).
+#[derive(Default)]
+struct LatestFenced(BTreeMap<Vec<u8>, bool>);
+
+impl LatestFenced {
+    fn saw(&mut self, record: &ChangelogRecord, fenced: bool) {
+        if !fenced && self.0.is_empty() {
+            return;
+        }
+        let key = partition::store_table(record.table).key(&record.key);
+        if fenced {
+            self.0.insert(key, true);
+        } else if let Some(latest) = self.0.get_mut(&key) {
+            *latest = false;
+        }
+    }
+
+    /// The keys whose latest row was fenced, in key order.
+    fn keys(&self) -> Vec<Vec<u8>> {
+        self.0
+            .iter()
+            .filter(|(_, fenced)| **fenced)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 }
 

@@ -226,7 +226,7 @@ impl Ctx {
             log::info!(
                 "partition {p}: owner epoch {} claimed in {:.0?} (local state {}, {} rows \
                  restored, {} outbox records resent, {} stale outbox records dropped, {} fenced \
-                 rows skipped)",
+                 rows skipped, {} rows to write again over fenced ones)",
                 report.owner_epoch,
                 started.elapsed(),
                 if report.reused_local_state {
@@ -238,6 +238,7 @@ impl Ctx {
                 report.resent,
                 report.dropped,
                 report.fenced_rows,
+                report.rewritten,
             );
             for topic in &self.inputs {
                 // Fetching from an offset inside a produced batch can return the next batch on
@@ -256,18 +257,53 @@ impl Ctx {
     }
 }
 
-/// Marks done, in each task still owned, what the completed batches sealed.
-fn acknowledge(shared: &mut Shared, done: Vec<Done>, names: &Names, telemetry: &Telemetry) {
+/// Marks done, in each task still owned, what the completed batches sealed. Returns where
+/// another writer's records sit among a task's own on the changelog: (partition, from, until).
+fn acknowledge(
+    shared: &mut Shared,
+    done: Vec<Done>,
+    names: &Names,
+    telemetry: &Telemetry,
+) -> Vec<(i32, i64, i64)> {
     let changelog = names.changelog();
+    let mut foreign = Vec::new();
     for batch in done {
         for &(p, row) in &batch.rows {
             telemetry.outbox_backlog.set(&[&p.to_string()], 0.0);
             // The task may have been revoked meanwhile: its next owner resends.
-            if let Some(task) = shared.tasks.get_mut(&p) {
-                task.acknowledged(row, batch.changelog.span(&changelog, p));
+            if let Some(task) = shared.tasks.get_mut(&p)
+                && let Some((from, until)) =
+                    task.acknowledged(row, batch.changelog.span(&changelog, p))
+            {
+                foreign.push((p, from, until));
             }
         }
     }
+    foreign
+}
+
+/// Has each task write again, with its next batch, the keys a fenced owner (a zombie that has
+/// not heard of the takeover yet) wrote among its changelog records: on the compacted
+/// changelog the zombie's rows would otherwise outlive this owner's (see
+/// `PartitionTask::rewrite_rows`).
+fn rewrite_fenced(shared: &mut Shared, claim: &Claim, foreign: Vec<(i32, i64, i64)>) -> Result<()> {
+    for (p, from, until) in foreign {
+        let Some(task) = shared.tasks.get_mut(&p) else {
+            continue;
+        };
+        let keys = claim.fenced_rows(p, task.owner_epoch(), from, until)?;
+        if keys.is_empty() {
+            continue;
+        }
+        let staged = task.rewrite_rows(&keys)?;
+        log::warn!(
+            "partition {p}: a fenced owner wrote {} rows among this owner's changelog records \
+             (offsets {from} to {until}); writing this owner's values of {staged} of those keys \
+             again",
+            keys.len()
+        );
+    }
+    Ok(())
 }
 
 /// How far before its stored offset a task's fetch starts (see `Ctx::assign`).
@@ -431,7 +467,7 @@ fn run_loop(
     }));
     let ctx = Ctx {
         shared: shared.clone(),
-        claim,
+        claim: claim.clone(),
         inputs: inputs.clone(),
         telemetry: telemetry.clone(),
     };
@@ -583,7 +619,8 @@ fn run_loop(
             let done = guard
                 .flights
                 .advance(&producer, config.batch.max_in_flight)?;
-            acknowledge(&mut guard, done, &names, telemetry);
+            let foreign = acknowledge(&mut guard, done, &names, telemetry);
+            rewrite_fenced(&mut guard, &claim, foreign)?;
             // Monitoring reads the state after the outputs left, never before.
             for (&p, task) in &guard.tasks {
                 telemetry.scan_outstanding(p, task.store(), now);
@@ -633,6 +670,8 @@ fn run_loop(
     {
         let mut guard = lock(&shared);
         let done = guard.flights.advance(&producer, 0)?;
+        // A fenced owner's rows found now are left to the next claim, which finds them after
+        // the store's known changelog end (they froze it) and writes those keys again.
         acknowledge(&mut guard, done, &names, telemetry);
         for task in guard.tasks.values_mut() {
             task.commit_bookkeeping()?;
