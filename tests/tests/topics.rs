@@ -72,6 +72,14 @@ async fn topics_create_makes_every_topic_with_one_partition_count() -> anyhow::R
             .as_deref(),
         Some("-1")
     );
+    // The inputs ask the broker to stamp records on append (tansu 0.6 stores the setting but
+    // keeps the producer's time: the processor warns when it reads such records).
+    assert_eq!(
+        topic_config(&admin, &names.proposals(), "message.timestamp.type")
+            .await?
+            .as_deref(),
+        Some("LogAppendTime")
+    );
     Ok(())
 }
 

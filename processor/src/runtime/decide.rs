@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use rdkafka::Message;
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::{BorrowedMessage, Headers, Timestamp};
 
 use super::partition::{InputRecord, PartitionTask, Position, Source};
 use super::run::{Error, Result};
@@ -132,10 +132,16 @@ fn decide_partition(
                 });
             }
         }
-        let timestamp = message
-            .timestamp()
-            .to_millis()
-            .unwrap_or_else(super::run::wall_ms);
+        // `now` of the record (DESIGN.md section 6): the broker's append time where the topic
+        // has it; else the producer's, which the task reports once per topic.
+        let timestamp = match message.timestamp() {
+            Timestamp::LogAppendTime(ms) => ms,
+            Timestamp::CreateTime(ms) => {
+                task.producer_clock(topic);
+                ms
+            }
+            Timestamp::NotAvailable => super::run::wall_ms(),
+        };
         let parent = trace::extract(
             message
                 .headers()

@@ -6,7 +6,7 @@
 //! what `seal` returned, then [`PartitionTask::acknowledged`] for what the broker acknowledged.
 //! Nothing is produced before `seal` made it durable (DESIGN.md section 6).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use airlock_schemas::{
@@ -133,6 +133,8 @@ pub struct PartitionTask {
     last_checkpoint: Option<i64>,
     /// Something changed since the last checkpoint: one is owed within the interval.
     unchecked: bool,
+    /// Input topics whose records carried the producer's time (reported once each).
+    producer_clock: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for PartitionTask {
@@ -172,6 +174,7 @@ impl PartitionTask {
             trace_headers: Vec::new(),
             last_checkpoint: None,
             unchecked: false,
+            producer_clock: BTreeSet::new(),
         })
     }
 
@@ -305,6 +308,22 @@ impl PartitionTask {
             ..Effects::default()
         };
         self.stage_outputs(&effects)
+    }
+
+    /// Notes that a record of `topic` carried its producer's time (CreateTime), not the
+    /// broker's: that producer sets the clock its deadlines and approval expiries are judged by.
+    /// Warns once per topic.
+    pub fn producer_clock(&mut self, topic: &str) {
+        if self.producer_clock.contains(topic) {
+            return;
+        }
+        self.producer_clock.insert(topic.to_owned());
+        log::warn!(
+            "partition {}: {topic} carries producer timestamps (CreateTime): records are \
+             decided at the time their producer chose; set message.timestamp.type=LogAppendTime \
+             on the topic (`airlock topics create` does on new topics; tansu 0.6 ignores it)",
+            self.partition()
+        );
     }
 
     /// Journals a checkpoint when something changed since the last one and `every_ms` passed:

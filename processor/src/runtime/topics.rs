@@ -93,11 +93,18 @@ impl Names {
             name,
             configs: Vec::new(),
         };
+        // The inputs: `now` of a record is its timestamp (DESIGN.md section 6), so the broker
+        // stamps it on append and no agent chooses its own clock. (tansu 0.6 ignores this and
+        // keeps the producer's time; the processor warns when it reads such records.)
+        let input = |name: String| TopicSpec {
+            name,
+            configs: vec![("message.timestamp.type", "LogAppendTime")],
+        };
         let mut specs = vec![
-            plain(self.proposals()),
-            plain(self.approvals()),
-            plain(self.outcomes()),
-            plain(self.control()),
+            input(self.proposals()),
+            input(self.approvals()),
+            input(self.outcomes()),
+            input(self.control()),
             plain(self.decisions()),
             TopicSpec {
                 name: self.journal(),
@@ -220,6 +227,14 @@ mod tests {
                 "airlock.dispatch.ledger",
             ]
         );
+        for input in ["proposals", "approvals", "outcomes", "control"] {
+            let spec = specs.iter().find(|s| s.name.ends_with(input));
+            assert_eq!(
+                spec.map(|s| s.configs.clone()),
+                Some(vec![("message.timestamp.type", "LogAppendTime")]),
+                "{input}"
+            );
+        }
         let changelog = specs.iter().find(|s| s.name.ends_with("changelog"));
         assert_eq!(
             changelog.map(|s| s.configs.clone()),
