@@ -202,7 +202,7 @@ fn another_writer_on_the_changelog_freezes_the_known_end() {
     // Even contiguous rows later do not move it again.
     let (row, rows) = batch(&mut t, "refund:o5");
     t.acknowledged(row, Some(span(end + 1 + rows, rows)));
-    t.commit_bookkeeping().unwrap();
+    t.commit_bookkeeping(2_001).unwrap();
     assert_eq!(known_end(&t), Some(end));
 }
 
@@ -266,4 +266,15 @@ fn rewritten_rows_go_out_again_unchanged_with_the_owners_epoch() {
         None,
         "a key this owner does not hold: a tombstone"
     );
+
+    // Staged at a stop, before any batch: sealed into the outbox unsent, for the next claim.
+    t.rewrite_rows(&[present]).unwrap();
+    t.commit_bookkeeping(4_000).unwrap();
+    let pending = partition::pending_outbox(t.store(), 0).unwrap();
+    let kinds: Vec<&[u8]> = pending
+        .iter()
+        .flat_map(|o| &o.records)
+        .filter_map(|r| r.header(header::KIND))
+        .collect();
+    assert!(kinds.contains(&b"changelog".as_slice()), "{pending:?}");
 }

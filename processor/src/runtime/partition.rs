@@ -508,9 +508,21 @@ impl PartitionTask {
         Ok(staged)
     }
 
-    /// Commits staged bookkeeping (acknowledgements) without a batch of inputs.
-    pub fn commit_bookkeeping(&mut self) -> Result<()> {
-        if self.staged_outbox.is_empty() {
+    /// Commits staged bookkeeping (acknowledgements) without a batch of inputs. Rows staged for
+    /// the changelog (keys written again over a fenced owner's rows, see `rewrite_rows`) are
+    /// sealed into the outbox instead, unsent: the next claim resends them.
+    pub fn commit_bookkeeping(&mut self, now: i64) -> Result<()> {
+        if !self.staged_outbox.is_empty() {
+            return Ok(());
+        }
+        let for_changelog = self
+            .task
+            .store()
+            .staged()
+            .any(|(key, _)| changelog_table(key).is_some());
+        if for_changelog {
+            self.seal(now)?;
+        } else {
             self.task.commit()?;
         }
         Ok(())

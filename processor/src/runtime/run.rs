@@ -674,7 +674,7 @@ fn run_loop(
         // the store's known changelog end (they froze it) and writes those keys again.
         acknowledge(&mut guard, done, &names, telemetry);
         for task in guard.tasks.values_mut() {
-            task.commit_bookkeeping()?;
+            task.commit_bookkeeping(wall_ms())?;
             summary.dead_lettered += task.counters.dead_lettered;
         }
         summary.claims = guard.claims;
