@@ -144,10 +144,7 @@ fn acknowledged_entries_leave_the_outbox() {
 #[test]
 fn a_change_gets_one_checkpoint_and_an_idle_partition_none_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let codec = Codec::new();
-    let payload = codec
-        .encode_single_object(&sample::refund("refund:o4", 500, 1_000))
-        .unwrap();
+    let payload = refund_payload("refund:o4");
     let mut t = task(dir.path());
     let every = 1_000;
     // One batch as the decide loop runs it (checkpoint if due, seal), then the broker's
@@ -206,6 +203,13 @@ fn another_writer_on_the_changelog_freezes_the_known_end() {
     assert_eq!(known_end(&t), Some(end));
 }
 
+/// A reference refund proposal of `key`, encoded as agents send it.
+fn refund_payload(key: &str) -> Vec<u8> {
+    Codec::new()
+        .encode_single_object(&sample::refund(key, 500, 1_000))
+        .unwrap()
+}
+
 fn span(lowest: i64, count: i64) -> Span {
     Span {
         lowest,
@@ -223,9 +227,7 @@ fn known_end(t: &PartitionTask) -> Option<i64> {
 fn rewritten_rows_go_out_again_unchanged_with_the_owners_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let codec = Codec::new();
-    let payload = codec
-        .encode_single_object(&sample::refund("refund:o5", 500, 1_000))
-        .unwrap();
+    let payload = refund_payload("refund:o5");
     let mut t = task(dir.path());
     t.handle_record(&record(0, b"refund:o5", &payload)).unwrap();
     let out = t.seal(2_000).unwrap();

@@ -333,18 +333,21 @@ impl PartitionTask {
     /// acknowledgement of each checkpoint would owe the next one, once an interval forever.
     pub fn checkpoint_if_due(&mut self, now: i64, every_ms: i64) -> Result<()> {
         let last = *self.last_checkpoint.get_or_insert(now);
-        self.unchecked |= !self.staged_outbox.is_empty()
-            || self
-                .task
-                .store()
-                .staged()
-                .any(|(key, _)| changelog_table(key).is_some());
+        self.unchecked |= !self.staged_outbox.is_empty() || self.stages_changelog_rows();
         if self.unchecked && now - last >= every_ms {
             self.checkpoint(now)?;
             self.last_checkpoint = Some(now);
             self.unchecked = false;
         }
         Ok(())
+    }
+
+    /// True when the current batch staged a row the changelog carries (state, not bookkeeping).
+    fn stages_changelog_rows(&self) -> bool {
+        self.task
+            .store()
+            .staged()
+            .any(|(key, _)| changelog_table(key).is_some())
     }
 
     /// True when the current batch staged anything.
@@ -515,12 +518,7 @@ impl PartitionTask {
         if !self.staged_outbox.is_empty() {
             return Ok(());
         }
-        let for_changelog = self
-            .task
-            .store()
-            .staged()
-            .any(|(key, _)| changelog_table(key).is_some());
-        if for_changelog {
+        if self.stages_changelog_rows() {
             self.seal(now)?;
         } else {
             self.task.commit()?;
