@@ -280,3 +280,66 @@ fn rewritten_rows_go_out_again_unchanged_with_the_owners_epoch() {
         .collect();
     assert!(kinds.contains(&b"changelog".as_slice()), "{pending:?}");
 }
+
+#[test]
+fn an_idle_task_sweeps_its_changelog_partition_and_finds_another_writer_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let payload = refund_payload("refund:o6");
+    let mut t = task_knowing(dir.path(), Some(40));
+    let every = 1_000;
+    // A checkpoint writes a changelog row too (the journal sequence): kept out of the way.
+    let checkpoint_every = 1_000_000;
+    // One batch as the decide loop runs it; returns its changelog-phase records.
+    let batch = |t: &mut PartitionTask, now: i64| -> (u64, Vec<wire::OutRecord>) {
+        t.checkpoint_if_due(now, checkpoint_every).unwrap();
+        t.sweep_if_due(now, every);
+        let out = t.seal(now).unwrap();
+        let changelog = out.records.into_iter().filter(|r| r.phase == 1).collect();
+        (out.row, changelog)
+    };
+    t.handle_record(&record(0, b"refund:o6", &payload)).unwrap();
+    let (row, rows) = batch(&mut t, 0);
+    assert!(!rows.is_empty());
+    let n = rows.len() as i64;
+    t.acknowledged(row, Some(span(40, n)));
+    // Nothing is due before `every` passed since the task last wrote there.
+    for now in [500, 999] {
+        let (row, rows) = batch(&mut t, now);
+        assert!(rows.is_empty(), "at {now}: {rows:?}");
+        t.acknowledged(row, None);
+    }
+    let (row, rows) = batch(&mut t, 1_000);
+    assert_eq!(
+        rows.len(),
+        1,
+        "one barrier once the task was idle for {every} ms"
+    );
+    assert_eq!(rows[0].topic, "t.changelog");
+    assert_eq!(
+        rows[0].header(header::KIND),
+        Some(wire::BARRIER_KIND.as_bytes())
+    );
+    // Its own barrier right behind its rows: nobody else wrote; the known end moves on.
+    assert_eq!(t.acknowledged(row, Some(span(40 + n, 1))), None);
+    let (row, rows) = batch(&mut t, 1_500);
+    assert!(rows.is_empty(), "not due again yet");
+    t.acknowledged(row, None);
+    assert_eq!(known_end(&t), Some(41 + n));
+    // The next one lands behind three records of another writer: the range to read.
+    let (row, rows) = batch(&mut t, 2_000);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        t.acknowledged(row, Some(span(44 + n, 1))),
+        Some((41 + n, 45 + n))
+    );
+    // A batch that writes rows is its own sweep.
+    t.handle_record(&record(1, b"refund:o7", &refund_payload("refund:o7")))
+        .unwrap();
+    let (_, rows) = batch(&mut t, 5_000);
+    assert!(
+        rows.iter()
+            .all(|r| r.header(header::KIND) == Some(b"changelog".as_slice()))
+    );
+    let (_, rows) = batch(&mut t, 5_999);
+    assert!(rows.is_empty());
+}

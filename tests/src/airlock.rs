@@ -78,6 +78,8 @@ impl Airlock {
         // tansu waits this long for a crashed member during a rebalance.
         config.processor.max_poll_interval_ms = 10_000;
         config.processor.checkpoint_interval_ms = 2_000;
+        // Idle owners look for a zombie's changelog rows every second.
+        config.processor.changelog_sweep_ms = 1_000;
         config.state.sync = false;
         let state_root = tempfile::tempdir()?;
         let dir = if options.reference_attempt_timeouts {
@@ -180,6 +182,10 @@ impl Airlock {
             .env(
                 "AIRLOCK_CHECKPOINT_INTERVAL_MS",
                 config.processor.checkpoint_interval_ms.to_string(),
+            )
+            .env(
+                "AIRLOCK_CHANGELOG_SWEEP_MS",
+                config.processor.changelog_sweep_ms.to_string(),
             )
             .env(
                 "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",

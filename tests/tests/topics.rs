@@ -66,6 +66,15 @@ async fn topics_create_makes_every_topic_with_one_partition_count() -> anyhow::R
             .as_deref(),
         Some("compact")
     );
+    // A zombie's changelog row stays out of compaction until the owner's sweep overwrote it.
+    // (Whether tansu compacts at all is not verified here: the zombie tests check what the
+    // latest record per key is, which is what compaction keeps.)
+    assert_eq!(
+        topic_config(&admin, &names.changelog(), "min.compaction.lag.ms")
+            .await?
+            .as_deref(),
+        Some("3600000")
+    );
     assert_eq!(
         topic_config(&admin, &names.journal(), "retention.ms")
             .await?

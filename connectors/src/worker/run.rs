@@ -23,7 +23,7 @@ use airlock_processor::telemetry::server::{self, Server};
 use airlock_schemas::{Codec, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::message::Headers;
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::check::Checker;
@@ -372,8 +372,11 @@ fn run_loop(
         }
         let message = match polled {
             Ok(m) => m,
+            Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
+                return Err(e.into());
+            }
             Err(e) => {
-                log::warn!("consumer: {e}");
+                telemetry.consumer_error(&e);
                 continue;
             }
         };

@@ -8,10 +8,13 @@
 //! | `airlock_connector_refused_total` | counter | `reason` | commands dead-lettered, by refusal (`FORGED`, `UNSIGNED`, `EXPIRED`, ...) |
 //! | `airlock_connector_call_duration_seconds` | histogram | `call`, `result` | one downstream exchange: `execute` or `reconcile`, by what it proved |
 //! | `airlock_connector_partitions_owned` | gauge | | dispatch partitions this worker owns |
+//! | `airlock_connector_consumer_errors_total` | counter | `code` | errors the dispatch consumer reported (librdkafka's code) |
 //!
 //! Liveness fails when the loop made no progress for `telemetry.stall_after_ms` (keep it above
 //! every tool's attempt timeout cap: a call in flight is not progress); readiness waits until
-//! the started attempts of every assigned partition are rebuilt from the outcomes.
+//! the started attempts of every assigned partition are rebuilt from the outcomes, and fails
+//! for a minute after the dispatch consumer reported an error (a deleted or unauthorized
+//! topic, an unreachable coordinator) while the loop goes on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +32,7 @@ pub struct Telemetry {
     pub refused: Arc<Counter>,
     pub call_duration: Arc<Histogram>,
     pub partitions_owned: Arc<Gauge>,
+    pub consumer_errors: Arc<Counter>,
     pub health: Health,
 }
 
@@ -63,9 +67,20 @@ impl Telemetry {
                 "Dispatch partitions this worker owns.",
                 &[],
             ),
+            consumer_errors: r.counter(
+                "airlock_connector_consumer_errors_total",
+                "Errors the dispatch consumer reported, by librdkafka error code.",
+                &["code"],
+            ),
             registry: Arc::new(r),
             health: Health::new(stall_after, "telemetry.stall_after_ms"),
         }
+    }
+
+    /// The dispatch consumer reported `error`: counted, logged, not ready for a while.
+    pub fn consumer_error(&self, error: &rdkafka::error::KafkaError) {
+        let code = self.health.consumer_error(error);
+        self.consumer_errors.inc(&[&code]);
     }
 
     /// Counts one handled record.

@@ -21,6 +21,8 @@
 //! | `processor.max_poll_interval_ms` | `AIRLOCK_MAX_POLL_INTERVAL_MS` | `300000` |
 //! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
+//! | `processor.changelog_sweep_ms` | `AIRLOCK_CHANGELOG_SWEEP_MS` | `30000` |
+//! | `processor.claim_stall_timeout_ms` | `AIRLOCK_CLAIM_STALL_TIMEOUT_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
@@ -138,6 +140,16 @@ pub struct Processor {
     pub timers_per_batch: usize,
     /// How often each task journals a CHECKPOINT with its projection hash.
     pub checkpoint_interval_ms: u64,
+    /// An idle task puts a barrier on its changelog partition this often, so rows a zombie
+    /// (an earlier owner that has not heard of the takeover) writes there are found and
+    /// overwritten with the owner's values within this interval, long before compaction may
+    /// keep them (the changelog's `min.compaction.lag.ms`, one hour as `airlock topics create`
+    /// sets it). At most 600000.
+    pub changelog_sweep_ms: u64,
+    /// A claim fails when reading its changelog partition makes no progress for this long
+    /// (the broker stopped answering, or the partition's end moved out of reach); the group
+    /// then hands the partition on.
+    pub claim_stall_timeout_ms: u64,
     /// The producer's linger: a little batching of the outputs.
     pub linger_ms: u64,
     /// Threads that decide and seal a batch's partitions side by side, the polling one
@@ -156,6 +168,8 @@ impl Default for Processor {
             max_poll_interval_ms: 300_000,
             timers_per_batch: 1_000,
             checkpoint_interval_ms: 60_000,
+            changelog_sweep_ms: 30_000,
+            claim_stall_timeout_ms: 60_000,
             linger_ms: 2,
             threads: 4,
         }
@@ -450,6 +464,12 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_CHECKPOINT_INTERVAL_MS") {
             self.processor.checkpoint_interval_ms = env_value("AIRLOCK_CHECKPOINT_INTERVAL_MS", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_CHANGELOG_SWEEP_MS") {
+            self.processor.changelog_sweep_ms = env_value("AIRLOCK_CHANGELOG_SWEEP_MS", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CLAIM_STALL_TIMEOUT_MS") {
+            self.processor.claim_stall_timeout_ms = env_value("AIRLOCK_CLAIM_STALL_TIMEOUT_MS", v)?;
+        }
         if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
             self.processor.linger_ms = env_value("AIRLOCK_LINGER_MS", v)?;
         }
@@ -505,6 +525,16 @@ impl Config {
         }
         if self.processor.timers_per_batch == 0 {
             return invalid("processor.timers_per_batch", "must be at least 1");
+        }
+        if !(100..=600_000).contains(&self.processor.changelog_sweep_ms) {
+            return invalid(
+                "processor.changelog_sweep_ms",
+                "must be between 100 and 600000 (well under the changelog's \
+                 min.compaction.lag.ms of one hour)",
+            );
+        }
+        if self.processor.claim_stall_timeout_ms < 1_000 {
+            return invalid("processor.claim_stall_timeout_ms", "must be at least 1000");
         }
         if self.processor.session_timeout_ms < 1_000 {
             return invalid("processor.session_timeout_ms", "must be at least 1000");
@@ -608,6 +638,10 @@ partitions = 12
             err.to_string().contains("AIRLOCK_TOPICS_PARTITIONS"),
             "{err}"
         );
+        let mut sweep = Config::default();
+        sweep.processor.changelog_sweep_ms = 3_600_000;
+        let err = sweep.validate().unwrap_err().to_string();
+        assert!(err.contains("processor.changelog_sweep_ms"), "{err}");
         config.topics.prefix = "air lock".to_owned();
         assert!(
             config

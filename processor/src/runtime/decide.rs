@@ -25,6 +25,9 @@ pub struct Settings {
     pub now: i64,
     pub timers_per_batch: usize,
     pub checkpoint_every_ms: i64,
+    /// An idle task puts a barrier on its changelog partition this often (see
+    /// `PartitionTask::sweep_if_due`).
+    pub changelog_sweep_ms: i64,
     /// At most this many threads, the calling one included.
     pub threads: usize,
 }
@@ -129,6 +132,7 @@ fn decide_partition(
                     partition,
                     expected,
                     got: message.offset(),
+                    why: String::new(),
                 });
             }
         }
@@ -166,6 +170,7 @@ fn decide_partition(
     drop(records);
     task.fire_timers(settings.now, settings.timers_per_batch)?;
     task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
+    task.sweep_if_due(settings.now, settings.changelog_sweep_ms);
     let sealed = task.seal(settings.now)?;
     Ok(Decided {
         partition,

@@ -135,6 +135,8 @@ pub struct PartitionTask {
     unchecked: bool,
     /// Input topics whose records carried the producer's time (reported once each).
     producer_clock: BTreeSet<String>,
+    /// When this task last sealed a record for its changelog partition (rows or a sweep).
+    last_changelog_write: Option<i64>,
 }
 
 impl std::fmt::Debug for PartitionTask {
@@ -175,6 +177,7 @@ impl PartitionTask {
             last_checkpoint: None,
             unchecked: false,
             producer_clock: BTreeSet::new(),
+            last_changelog_write: None,
         })
     }
 
@@ -340,6 +343,33 @@ impl PartitionTask {
             self.unchecked = false;
         }
         Ok(())
+    }
+
+    /// Puts a barrier on this task's changelog partition when the task wrote nothing there for
+    /// `every_ms`. Its acknowledgement shows whether another writer (a zombie of an earlier
+    /// owner that has not heard of the takeover) put records there since this task's last
+    /// ones; the run loop then has the task write its own values of the keys a fenced owner
+    /// wrote again (see `acknowledged`, `rewrite_rows`). Without it an idle owner would find a
+    /// zombie's rows only at its next change, and a compaction in between would keep the
+    /// zombie's row of each key: the changelog topic's `min.compaction.lag.ms` (one hour as
+    /// `airlock topics create` sets it) keeps a new row out of compaction for longer than this
+    /// interval. Call after `checkpoint_if_due` and before `seal`: a barrier is no change a
+    /// checkpoint owes. Returns whether it staged one.
+    pub fn sweep_if_due(&mut self, now: i64, every_ms: i64) -> bool {
+        let last = *self.last_changelog_write.get_or_insert(now);
+        if self.stages_changelog_rows() {
+            self.last_changelog_write = Some(now);
+            return false;
+        }
+        if now - last < every_ms {
+            return false;
+        }
+        let mut barrier = OutRecord::barrier(&self.names.changelog(), self.partition());
+        // With the changelog records (phase 1): it must land behind this task's last ones.
+        barrier.phase = 1;
+        self.staged_outbox.push(barrier);
+        self.last_changelog_write = Some(now);
+        true
     }
 
     /// True when the current batch staged a row the changelog carries (state, not bookkeeping).

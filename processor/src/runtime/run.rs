@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_schemas::Codec;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::config::Config;
@@ -68,14 +68,16 @@ pub enum Error {
     Rebalance(String),
     #[error(
         "{topic} partition {partition}: the consumer delivered offset {got} where {expected} was \
-         next; refusing to skip input (the outbox and offsets are intact: restart resumes at \
-         {expected})"
+         next ({why}); refusing to skip input (the outbox and offsets are intact: restart resumes \
+         at {expected})"
     )]
     Gap {
         topic: String,
         partition: i32,
         expected: i64,
         got: i64,
+        /// What the broker says of the missing offsets (see `explain_gap`).
+        why: String,
     },
 }
 
@@ -254,6 +256,42 @@ impl Ctx {
         }
         consumer.assign(&assignment)?;
         Ok(())
+    }
+}
+
+/// Why offsets `expected..` of an input partition never reached the consumer, as far as the
+/// broker tells (see `gap_cause`).
+fn explain_gap<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    expected: i64,
+) -> String {
+    let low = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .map(|(low, _)| low);
+    gap_cause(low, expected)
+}
+
+/// The cause of a hole at `expected` given the partition's log start `low`: deleted by
+/// retention (the log now starts later), or present in the log and still not delivered:
+/// transaction markers and aborted records, which a read-committed consumer never sees (the
+/// inputs take non-transactional producers: idempotent ones are fine), or a broker that
+/// skipped records. Either way the inputs there were not decided, and the processor does not
+/// guess which.
+fn gap_cause(low: Result<i64, rdkafka::error::KafkaError>, expected: i64) -> String {
+    match low {
+        Ok(low) if low > expected => format!(
+            "offsets {expected} to {} were deleted by the topic's retention before they were \
+             decided: raise retention.ms on the input topics above the longest outage",
+            low - 1
+        ),
+        Ok(low) => format!(
+            "the log starts at {low}, so the missing offsets are in it: transaction markers or \
+             aborted records of a transactional producer (write the inputs with \
+             non-transactional producers), or records the broker skipped"
+        ),
+        Err(e) => format!("the broker's log start could not be read: {e}"),
     }
 }
 
@@ -455,7 +493,7 @@ fn run_loop(
         producer: producer.clone(),
         reader,
         instance: instance.clone(),
-        stall_timeout: Duration::from_secs(60),
+        stall_timeout: Duration::from_millis(config.processor.claim_stall_timeout_ms),
         telemetry: telemetry.clone(),
     });
     let shared = Arc::new(Mutex::new(Shared {
@@ -558,7 +596,11 @@ fn run_loop(
                     intake.push(m);
                 }
                 Ok(_) => {}
-                Err(e) => log::warn!("consumer: {e}"),
+                // librdkafka raises a fatal error only for what it cannot go on from.
+                Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
+                    return Err(e.into());
+                }
+                Err(e) => telemetry.consumer_error(&e),
             }
         }
         if let Some(e) = lock(&shared).fatal.take() {
@@ -593,9 +635,30 @@ fn run_loop(
                 now,
                 timers_per_batch: config.processor.timers_per_batch,
                 checkpoint_every_ms: config.processor.checkpoint_interval_ms as i64,
+                changelog_sweep_ms: config.processor.changelog_sweep_ms as i64,
                 threads: config.processor.threads,
             };
-            for d in decide::decide_batch(&mut guard.tasks, records, &sources, settings)? {
+            let decided = match decide::decide_batch(&mut guard.tasks, records, &sources, settings)
+            {
+                Err(Error::Gap {
+                    topic,
+                    partition,
+                    expected,
+                    got,
+                    ..
+                }) => {
+                    let why = explain_gap(&consumer, &topic, partition, expected);
+                    return Err(Error::Gap {
+                        topic,
+                        partition,
+                        expected,
+                        got,
+                        why,
+                    });
+                }
+                other => other?,
+            };
+            for d in decided {
                 handled += d.handled;
                 observed.push(d.observed);
                 if !d.sealed.records.is_empty() {
@@ -690,4 +753,42 @@ fn run_loop(
     producer.flush(Duration::from_secs(30))?;
     log::info!("instance {instance}: stopped ({summary:?})");
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::KafkaError;
+
+    #[test]
+    fn a_gap_names_retention_when_the_log_starts_past_it() {
+        let why = gap_cause(Ok(40), 12);
+        assert!(
+            why.contains("offsets 12 to 39 were deleted by the topic's retention"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_gap_inside_the_log_names_transactions_or_the_broker() {
+        for low in [0, 12] {
+            let why = gap_cause(Ok(low), 12);
+            assert!(why.contains(&format!("the log starts at {low}")), "{why}");
+            assert!(why.contains("transaction markers"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_gap_whose_log_start_is_unknown_says_so() {
+        let why = gap_cause(
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerTransportFailure,
+            )),
+            3,
+        );
+        assert!(
+            why.starts_with("the broker's log start could not be read"),
+            "{why}"
+        );
+    }
 }

@@ -22,6 +22,7 @@
 //! | `airlock_partitions_owned` | gauge | | partitions this instance owns |
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
 //! | `airlock_consumer_lag` | gauge | `topic`, `partition` | high watermark − next offset to consume, per owned input partition |
+//! | `airlock_consumer_errors_total` | counter | `code` | errors the input consumer reported (librdkafka's code: `UnknownTopicOrPartition`, `TopicAuthorizationFailed`, ...) |
 //!
 //! Outstanding effects come from a scan of each task's effect table, at most
 //! [`SCAN_ROWS`] rows per task per batch, one full pass every [`SCAN_INTERVAL`] at most: exact
@@ -35,7 +36,10 @@
 //! `/healthz` fails when the batch loop (or a restore it runs) made no progress for
 //! `telemetry.stall_after_ms`, or the loop stopped on an error. `/readyz` succeeds only when
 //! the instance has joined its group, is not stopping, claims no partition right now, and has
-//! claimed every partition it was assigned.
+//! claimed every partition it was assigned, and the input consumer reported no error in the
+//! last minute (`CONSUMER_ERROR_HOLD`: a deleted or unauthorized input topic, an unreachable
+//! coordinator; the loop goes on meanwhile, since librdkafka retries and no restart would
+//! help, so `/healthz` stays green).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -120,6 +124,7 @@ pub struct Telemetry {
     pub partitions_owned: Arc<Gauge>,
     pub claims: Arc<Counter>,
     pub consumer_lag: Arc<Gauge>,
+    pub consumer_errors: Arc<Counter>,
     pub health: Health,
     scans: Mutex<BTreeMap<i32, Scan>>,
 }
@@ -221,6 +226,11 @@ impl Telemetry {
                 "Records between the next offset to consume and the high watermark, per owned input partition.",
                 &["topic", "partition"],
             ),
+            consumer_errors: r.counter(
+                "airlock_consumer_errors_total",
+                "Errors the input consumer reported, by librdkafka error code.",
+                &["code"],
+            ),
             registry: Arc::new(r),
             health: Health::new(stall_after, "telemetry.stall_after_ms"),
             scans: Mutex::new(BTreeMap::new()),
@@ -262,6 +272,13 @@ impl Telemetry {
     /// The loop stopped on an error: not live any more.
     pub fn failed(&self, reason: String) {
         self.health.failed(reason);
+    }
+
+    /// The input consumer reported `error`: counted, logged, and not ready for a while (see
+    /// `Health::consumer_error`).
+    pub fn consumer_error(&self, error: &rdkafka::error::KafkaError) {
+        let code = self.health.consumer_error(error);
+        self.consumer_errors.inc(&[&code]);
     }
 
     /// A graceful stop began: not ready any more.

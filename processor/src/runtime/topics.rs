@@ -88,6 +88,10 @@ impl Names {
     }
 
     /// Every topic, inputs first, with the settings each needs.
+    ///
+    /// Topics created by an earlier version lack the settings added since; set them by hand
+    /// (`kafka-configs --alter`): `message.timestamp.type=LogAppendTime` on the inputs,
+    /// `min.compaction.lag.ms` on the changelog.
     pub fn plan<'a>(&self, connectors: impl IntoIterator<Item = &'a str>) -> Vec<TopicSpec> {
         let plain = |name: String| TopicSpec {
             name,
@@ -113,8 +117,14 @@ impl Names {
             },
             TopicSpec {
                 name: self.changelog(),
-                // Restore reads the latest record per key.
-                configs: vec![("cleanup.policy", "compact")],
+                // Restore reads the latest record per key. A new record stays out of compaction
+                // for an hour: a zombie's row (an earlier owner that missed the takeover) must
+                // not replace the owner's before the owner's sweep writes its value again
+                // (`processor.changelog_sweep_ms`, at most ten minutes).
+                configs: vec![
+                    ("cleanup.policy", "compact"),
+                    ("min.compaction.lag.ms", CHANGELOG_MIN_COMPACTION_LAG_MS),
+                ],
             },
             plain(self.dlq()),
             TopicSpec {
@@ -203,6 +213,9 @@ pub async fn create(config: &Config, specs: &[TopicSpec], timeout: Duration) -> 
     Ok(report)
 }
 
+/// The changelog's `min.compaction.lag.ms`: one hour, six times the longest sweep interval.
+pub const CHANGELOG_MIN_COMPACTION_LAG_MS: &str = "3600000";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,7 +251,10 @@ mod tests {
         let changelog = specs.iter().find(|s| s.name.ends_with("changelog"));
         assert_eq!(
             changelog.map(|s| s.configs.clone()),
-            Some(vec![("cleanup.policy", "compact")])
+            Some(vec![
+                ("cleanup.policy", "compact"),
+                ("min.compaction.lag.ms", "3600000")
+            ])
         );
         // A receipt deleted by retention would read as a break of the chain.
         let receipts = specs.iter().find(|s| s.name.ends_with("receipts"));

@@ -31,7 +31,13 @@ struct Assignment {
     claiming: BTreeSet<i32>,
     stopping: bool,
     fatal: Option<String>,
+    /// The last error the consumer reported, and when.
+    consumer_error: Option<(Instant, String)>,
 }
+
+/// How long after the consumer's last error the process is not ready: librdkafka reports a
+/// lasting one (an input topic deleted or not authorized) again at least this often.
+pub const CONSUMER_ERROR_HOLD: Duration = Duration::from_secs(60);
 
 impl Health {
     /// `stall_after`: the silence after which the process is not live; `knob` names the
@@ -81,6 +87,18 @@ impl Health {
         self.lock().fatal = Some(reason);
     }
 
+    /// The consumer reported `error` (an input topic missing or not authorized, the group
+    /// coordinator out of reach...): logged, and not ready until [`CONSUMER_ERROR_HOLD`] passed
+    /// without another. The loop goes on: librdkafka retries, and most such errors pass.
+    /// Returns librdkafka's error code, the label to count it by.
+    pub fn consumer_error(&self, error: &rdkafka::error::KafkaError) -> String {
+        log::warn!("consumer: {error}");
+        self.lock().consumer_error = Some((Instant::now(), error.to_string()));
+        error
+            .rdkafka_error_code()
+            .map_or_else(|| "unknown".to_owned(), |code| format!("{code:?}"))
+    }
+
     /// A graceful stop began: not ready any more.
     pub fn stopping(&self) {
         self.lock().stopping = true;
@@ -116,6 +134,14 @@ impl Probes for Health {
         let s = self.lock();
         if s.stopping {
             return Err("stopping".to_owned());
+        }
+        if let Some((at, reason)) = &s.consumer_error
+            && at.elapsed() < CONSUMER_ERROR_HOLD
+        {
+            return Err(format!(
+                "the consumer reported an error {:.1}s ago: {reason}",
+                at.elapsed().as_secs_f64()
+            ));
         }
         if !s.joined {
             return Err("waiting for the consumer group to assign partitions".to_owned());
@@ -174,6 +200,29 @@ mod tests {
         assert_eq!(h.ready(), Err("stopping".to_owned()));
         h.failed("kafka: broker down".to_owned());
         assert!(h.live().unwrap_err().contains("broker down"));
+    }
+
+    #[test]
+    fn a_consumer_error_holds_readiness_back_for_a_while() {
+        let h = Health::new(Duration::from_secs(60), "stall_after_ms");
+        h.beat();
+        h.assigned(&BTreeSet::new());
+        assert_eq!(h.ready(), Ok(()));
+        let code = h.consumer_error(&rdkafka::error::KafkaError::MessageConsumption(
+            rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed,
+        ));
+        assert_eq!(code, "TopicAuthorizationFailed");
+        let not_ready = h.ready().unwrap_err();
+        assert!(
+            not_ready.contains("the consumer reported an error")
+                && not_ready.contains("Topic authorization failed"),
+            "{not_ready}"
+        );
+        assert!(h.live().is_ok(), "the loop goes on: no restart would help");
+        // Once the hold passed without another error, ready again.
+        let long_ago = Instant::now().checked_sub(CONSUMER_ERROR_HOLD).unwrap();
+        h.lock().consumer_error.as_mut().unwrap().0 = long_ago;
+        assert_eq!(h.ready(), Ok(()));
     }
 
     #[test]
