@@ -45,9 +45,39 @@ impl Broker {
         let image = std::env::var("AIRLOCK_BROKER_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
         let (name, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
         // The broker advertises the address clients must use, so the host port is chosen here
-        // and mapped explicitly rather than left to Docker.
-        let port = free_port()?;
-        let container = if name.contains("apache/kafka") {
+        // and mapped explicitly rather than left to Docker. Between choosing it and Docker
+        // binding it another process (a client's outgoing connection, another test's broker)
+        // may take it: then another port is tried.
+        let mut attempt = 1;
+        loop {
+            let port = free_port()?;
+            match Broker::start_on(name, tag, port).await {
+                Ok(container) => {
+                    return Ok(Broker {
+                        _container: container,
+                        bootstrap: format!("localhost:{port}"),
+                    });
+                }
+                Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
+                    eprintln!("broker port {port} was taken before Docker bound it; another");
+                    attempt += 1;
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "starting the broker image {image} (build it with \
+                         deploy/broker/build-image.sh, or set AIRLOCK_BROKER_IMAGE)"
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn start_on(
+        name: &str,
+        tag: &str,
+        port: u16,
+    ) -> Result<ContainerAsync<GenericImage>, testcontainers::TestcontainersError> {
+        if name.contains("apache/kafka") {
             GenericImage::new(name, tag)
                 .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
                 .with_mapped_port(port, ContainerPort::Tcp(9092))
@@ -84,17 +114,16 @@ impl Broker {
                 .start()
                 .await
         }
-        .with_context(|| {
-            format!(
-                "starting the broker image {image} (build it with deploy/broker/build-image.sh, \
-                 or set AIRLOCK_BROKER_IMAGE)"
-            )
-        })?;
-        Ok(Broker {
-            _container: container,
-            bootstrap: format!("localhost:{port}"),
-        })
     }
+}
+
+/// How many host ports a broker start tries before it gives up.
+const PORT_ATTEMPTS: u32 = 5;
+
+/// True when Docker could not bind the chosen host port because something else holds it.
+fn port_taken(e: &testcontainers::TestcontainersError) -> bool {
+    let text = e.to_string();
+    text.contains("port is already allocated") || text.contains("address already in use")
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -127,5 +156,30 @@ pub async fn eventually<T>(
             anyhow::bail!("timed out after {within:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Docker's refusal of a host port something else holds is told apart from other failures
+    /// (which are not retried), against the real Docker daemon and broker image.
+    #[tokio::test]
+    async fn a_taken_host_port_is_recognised_as_such() -> anyhow::Result<()> {
+        let image = std::env::var("AIRLOCK_BROKER_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
+        let (name, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
+        let held = TcpListener::bind("0.0.0.0:0")?;
+        let port = held.local_addr()?.port();
+        let Err(e) = Broker::start_on(name, tag, port).await else {
+            anyhow::bail!("the broker started on port {port}, which this test holds");
+        };
+        assert!(port_taken(&e), "{e}");
+        let missing = Broker::start_on("airlock/no-such-image", "0", free_port()?)
+            .await
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("a missing image started"))?;
+        assert!(!port_taken(&missing), "{missing}");
+        Ok(())
     }
 }
