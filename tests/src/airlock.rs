@@ -411,6 +411,7 @@ impl Airlock {
                 value: m.payload().map(<[u8]>::to_vec),
                 headers,
                 admit,
+                producer_time: matches!(m.timestamp(), rdkafka::Timestamp::CreateTime(_)),
             });
         }
         out.sort_by_key(|r| (r.partition, r.offset));
@@ -503,6 +504,9 @@ pub struct Read {
     pub value: Option<Vec<u8>>,
     pub headers: Vec<(String, Vec<u8>)>,
     pub admit: Admit,
+    /// The broker served the record with its producer's timestamp (CreateTime), not its own
+    /// append time.
+    pub producer_time: bool,
 }
 
 impl Read {

@@ -193,8 +193,13 @@ async fn metrics_count_what_the_processor_decided_and_readyz_waits_for_claims() 
             &samples,
             "airlock_outstanding_effects{partition=\"1\",state=\"AWAITING_APPROVAL\",older_than=\"0s\"}",
         ) == 1.0;
+        // A checkpoint or sweep the processor sends on its own can be in flight at a scrape.
+        let outbox_drained = samples
+            .iter()
+            .filter(|(k, _)| k.starts_with("airlock_outbox_backlog{"))
+            .all(|(_, v)| *v == 0.0);
         let counted = expected.iter().all(|(k, v)| value(&samples, k) == *v);
-        Ok((counted && lag_settled && outstanding_seen).then_some(samples))
+        Ok((counted && lag_settled && outstanding_seen && outbox_drained).then_some(samples))
     })
     .await;
     let samples = match samples {
@@ -269,6 +274,21 @@ async fn metrics_count_what_the_processor_decided_and_readyz_waits_for_claims() 
             0.0
         );
     }
+    // Every input read at its producer's timestamp is counted: all of them on tansu 0.6, which
+    // ignores the topic's LogAppendTime, none on a broker that honours it. Read after the
+    // scrape: the reader's barriers are inputs too.
+    let producer_time = a
+        .read_topic(&topic)?
+        .iter()
+        .filter(|r| r.producer_time)
+        .count();
+    assert_eq!(
+        value(
+            &samples,
+            "airlock_producer_time_inputs_total{input=\"proposal\"}"
+        ),
+        producer_time as f64
+    );
     assert!(value(&samples, "airlock_batches_total") >= 1.0);
     assert!(value(&samples, "airlock_records_produced_total") >= decisions.len() as f64);
     assert_eq!(

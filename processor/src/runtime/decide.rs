@@ -141,7 +141,7 @@ fn decide_partition(
         let timestamp = match message.timestamp() {
             Timestamp::LogAppendTime(ms) => ms,
             Timestamp::CreateTime(ms) => {
-                task.producer_clock(topic);
+                task.producer_clock(source, topic);
                 ms
             }
             Timestamp::NotAvailable => super::run::wall_ms(),

@@ -313,10 +313,12 @@ impl PartitionTask {
         self.stage_outputs(&effects)
     }
 
-    /// Notes that a record of `topic` carried its producer's time (CreateTime), not the
-    /// broker's: that producer sets the clock its deadlines and approval expiries are judged by.
-    /// Warns once per topic.
-    pub fn producer_clock(&mut self, topic: &str) {
+    /// Notes that a record of `topic` (input `source`) carried its producer's time (CreateTime),
+    /// not the broker's: that producer sets the clock its deadlines and approval expiries are
+    /// judged by. Counted for every record (`airlock_producer_time_inputs_total`), warned once
+    /// per topic.
+    pub fn producer_clock(&mut self, source: Source, topic: &str) {
+        self.observed.producer_time.push(source);
         if self.producer_clock.contains(topic) {
             return;
         }
@@ -324,7 +326,8 @@ impl PartitionTask {
         log::warn!(
             "partition {}: {topic} carries producer timestamps (CreateTime): records are \
              decided at the time their producer chose; set message.timestamp.type=LogAppendTime \
-             on the topic (`airlock topics create` does on new topics; tansu 0.6 ignores it)",
+             on the topic (`airlock topics create` does on new topics; tansu 0.6 ignores it); \
+             airlock_producer_time_inputs_total counts them",
             self.partition()
         );
     }

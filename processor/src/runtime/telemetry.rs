@@ -23,6 +23,7 @@
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
 //! | `airlock_consumer_lag` | gauge | `topic`, `partition` | high watermark − next offset to consume, per owned input partition |
 //! | `airlock_consumer_errors_total` | counter | `code` | errors the input consumer reported (librdkafka's code: `UnknownTopicOrPartition`, `TopicAuthorizationFailed`, ...) |
+//! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (tansu 0.6); agents then set the clock deadlines and approval expiries are judged by |
 //!
 //! Outstanding effects come from a scan of each task's effect table, at most
 //! [`SCAN_ROWS`] rows per task per batch, one full pass every [`SCAN_INTERVAL`] at most: exact
@@ -81,6 +82,8 @@ pub struct Observed {
     pub decided: Vec<(Source, i64)>,
     /// Input records by source (decided or dead-lettered).
     pub inputs: Vec<Source>,
+    /// Input records read with their producer's timestamp (CreateTime), barriers included.
+    pub producer_time: Vec<Source>,
     pub dead_letters: Vec<Reason>,
     /// Dispatch commands staged: attempts.
     pub dispatches: u64,
@@ -125,6 +128,7 @@ pub struct Telemetry {
     pub claims: Arc<Counter>,
     pub consumer_lag: Arc<Gauge>,
     pub consumer_errors: Arc<Counter>,
+    pub producer_time: Arc<Counter>,
     pub health: Health,
     scans: Mutex<BTreeMap<i32, Scan>>,
 }
@@ -231,6 +235,11 @@ impl Telemetry {
                 "Errors the input consumer reported, by librdkafka error code.",
                 &["code"],
             ),
+            producer_time: r.counter(
+                "airlock_producer_time_inputs_total",
+                "Input records decided at their producer's timestamp (CreateTime), not the broker's append time, by input topic.",
+                &["input"],
+            ),
             registry: Arc::new(r),
             health: Health::new(stall_after, "telemetry.stall_after_ms"),
             scans: Mutex::new(BTreeMap::new()),
@@ -299,6 +308,9 @@ impl Telemetry {
         }
         for source in &observed.inputs {
             self.inputs.inc(&[source_label(*source)]);
+        }
+        for source in &observed.producer_time {
+            self.producer_time.inc(&[source_label(*source)]);
         }
         for reason in &observed.dead_letters {
             self.dead_letters.inc(&[reason.as_str()]);
@@ -589,6 +601,7 @@ mod tests {
             decisions: vec![(Verdict::Accepted, Reason::AutoApproved)],
             decided: vec![(Source::Proposals, 1_000)],
             inputs: vec![Source::Proposals],
+            producer_time: vec![Source::Proposals, Source::Outcomes, Source::Proposals],
             dispatches: 3,
             first_dispatches: 2,
             ..Observed::default()
@@ -597,6 +610,9 @@ mod tests {
         assert_eq!(t.retry_amplification.get(&[]), Some(1.5));
         assert_eq!(t.decisions.get(&["ACCEPTED", "AUTO_APPROVED"]), 1);
         assert_eq!(t.decision_latency.get(&["proposal"]), (1, 0.25));
+        assert_eq!(t.producer_time.get(&["proposal"]), 2);
+        assert_eq!(t.producer_time.get(&["outcome"]), 1);
+        assert_eq!(t.producer_time.get(&["approval"]), 0);
         let text = t.registry.render();
         assert!(
             text.contains(
