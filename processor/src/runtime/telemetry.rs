@@ -23,7 +23,7 @@
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
 //! | `airlock_consumer_lag` | gauge | `topic`, `partition` | high watermark − next offset to consume, per owned input partition |
 //! | `airlock_consumer_errors_total` | counter | `code` | errors the input consumer reported (librdkafka's code: `UnknownTopicOrPartition`, `TopicAuthorizationFailed`, ...) |
-//! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (tansu 0.6); agents then set the clock deadlines and approval expiries are judged by |
+//! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (tansu 0.6); agents then set the clock deadlines and approval expiries are judged by (barrier records included) |
 //!
 //! Outstanding effects come from a scan of each task's effect table, at most
 //! [`SCAN_ROWS`] rows per task per batch, one full pass every [`SCAN_INTERVAL`] at most: exact
@@ -104,6 +104,21 @@ pub fn source_label(s: Source) -> &'static str {
         Source::Approvals => "approval",
         Source::Outcomes => "outcome",
         Source::Control => "control",
+    }
+}
+
+/// Adds `sources` to `counter`, one series update per input topic (not per record: each
+/// update builds its label key and takes the family's lock).
+fn add_by_source(counter: &Counter, sources: &[Source]) {
+    let mut tally: Vec<(Source, u64)> = Vec::new();
+    for &source in sources {
+        match tally.iter_mut().find(|(s, _)| *s == source) {
+            Some((_, n)) => *n += 1,
+            None => tally.push((source, 1)),
+        }
+    }
+    for (source, n) in tally {
+        counter.add(&[source_label(source)], n);
     }
 }
 
@@ -306,12 +321,8 @@ impl Telemetry {
             self.decision_latency
                 .observe(&[source_label(*source)], seconds);
         }
-        for source in &observed.inputs {
-            self.inputs.inc(&[source_label(*source)]);
-        }
-        for source in &observed.producer_time {
-            self.producer_time.inc(&[source_label(*source)]);
-        }
+        add_by_source(&self.inputs, &observed.inputs);
+        add_by_source(&self.producer_time, &observed.producer_time);
         for reason in &observed.dead_letters {
             self.dead_letters.inc(&[reason.as_str()]);
         }
