@@ -11,6 +11,11 @@
 //! - `resend`: the same proposal ids again (producer-side resends, answered from dedup state);
 //! - `retry`: new proposal ids for keys already in flight (full validation, IN_PROGRESS).
 //!
+//! Then the cost of each step alone, on the same proposals: canonical arguments, JSON Schema
+//! and invariants, Cedar, and the three state reads of a decision (proposal id, run, operation
+//! key) over the RocksDB store the phases filled, for a fresh proposal (two misses) and a known
+//! one (three rows found and decoded, and how much of that is the JSON decode).
+//!
 //! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync]`.
 
 use std::sync::Arc;
@@ -203,7 +208,7 @@ fn main() -> anyhow::Result<()> {
     for phase in [&fresh_memory, &fresh_phase, &resend_phase, &retry_phase] {
         phase.report(Some(&baseline));
     }
-    components(&task, &proposals)?;
+    components(&mut task, args.batch, &proposals)?;
     println!(
         "targets: fresh >= 50000/s: {}; duplicates (resend) >= 200000/s: {}",
         verdict(fresh_phase.rate() >= 50_000.0),
@@ -213,8 +218,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Where a fresh decision's time goes: the pure steps of the validation order, one at a time,
-/// on the same proposals, so a regression points at its step.
-fn components<S: Store>(task: &Task<S>, proposals: &[ToolProposal]) -> anyhow::Result<()> {
+/// on the same proposals, so a regression points at its step; then the state reads a decision
+/// makes, over the store the phases left behind.
+fn components<S: Store>(
+    task: &mut Task<S>,
+    batch: usize,
+    proposals: &[ToolProposal],
+) -> anyhow::Result<()> {
     use airlock_processor::core::canonical;
     use airlock_processor::core::policy::AuthzRequest;
 
@@ -255,6 +265,115 @@ fn components<S: Store>(task: &Task<S>, proposals: &[ToolProposal]) -> anyhow::R
             arguments: &canon[i].value,
         }));
     });
+    println!("per decision, state reads (proposal id, run, operation key):");
+    reads(task, batch, proposals, true)?;
+    reads(task, batch, proposals, false)?;
+    Ok(())
+}
+
+/// The three reads `handle_proposal` makes before deciding (its proposal id, its run, its
+/// operation key), over the store the phases left behind: for proposals never seen (id and key
+/// miss, the run is found) or for the proposals of the phases (all three found and decoded). The
+/// store caches what it read until its batch ends, so the cache is dropped every `batch`
+/// proposals, as a commit drops it.
+fn reads<S: Store>(
+    task: &mut Task<S>,
+    batch: usize,
+    proposals: &[ToolProposal],
+    fresh: bool,
+) -> anyhow::Result<()> {
+    let names: Vec<(String, String)> = proposals
+        .iter()
+        .map(|p| match fresh {
+            true => (
+                format!("unseen-{}", p.proposal_id),
+                format!("unseen:{}", p.operation_key),
+            ),
+            false => (p.proposal_id.clone(), p.operation_key.clone()),
+        })
+        .collect();
+    // Time spent and rows found, per table read.
+    let mut tables = [(Duration::ZERO, 0usize); 3];
+    let mut tally = |table: usize, t: Instant, found: bool| {
+        tables[table].0 += t.elapsed();
+        tables[table].1 += usize::from(found);
+    };
+    for (chunk, names) in proposals.chunks(batch).zip(names.chunks(batch)) {
+        let store = task.store();
+        for (p, (id, key)) in chunk.iter().zip(names) {
+            let t = Instant::now();
+            let found = store.proposal(id)?.is_some();
+            tally(0, t, found);
+            let t = Instant::now();
+            let found = store.run(&p.run_id)?.is_some();
+            tally(1, t, found);
+            let t = Instant::now();
+            let found = store.effect(key)?.is_some();
+            tally(2, t, found);
+        }
+        task.store_mut().discard();
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / proposals.len() as f64;
+    let total = tables.iter().map(|(d, _)| *d).sum::<Duration>();
+    let name = if fresh {
+        "of a fresh proposal"
+    } else {
+        "of a known proposal"
+    };
+    let detail = ["proposal", "run", "effect"]
+        .iter()
+        .zip(tables)
+        .map(|(table, (d, found))| format!("{table} {:.2} µs, {found} found", per(d)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    println!("  component {name:<28} {:>7.2} µs  ({detail})", per(total));
+    if !fresh {
+        decoding(task, batch, proposals)?;
+    }
+    Ok(())
+}
+
+/// Of the reads of a known proposal, the JSON decode of its three rows alone (the rows are
+/// fetched first, untimed; the store's read cache is dropped every `batch` proposals).
+fn decoding<S: Store>(
+    task: &mut Task<S>,
+    batch: usize,
+    proposals: &[ToolProposal],
+) -> anyhow::Result<()> {
+    use airlock_processor::core::{EffectRecord, ProposalSeen, RunRecord};
+    use airlock_processor::store::{codec, keys::Table};
+
+    let mut elapsed = Duration::ZERO;
+    for (i, p) in proposals.iter().enumerate() {
+        if i % batch == 0 {
+            task.store_mut().discard();
+        }
+        let store = task.store();
+        let row = |table: Table, id: &str| -> anyhow::Result<Vec<u8>> {
+            store
+                .get_raw(table, id.as_bytes())?
+                .with_context(|| format!("{table:?} row {id} was written by the phases"))
+        };
+        let rows = [
+            row(Table::Proposal, &p.proposal_id)?,
+            row(Table::Run, &p.run_id)?,
+            row(Table::Effect, &p.operation_key)?,
+        ];
+        let t = Instant::now();
+        std::hint::black_box(codec::decode::<ProposalSeen>(
+            Table::Proposal,
+            "",
+            &rows[0],
+        )?);
+        std::hint::black_box(codec::decode::<RunRecord>(Table::Run, "", &rows[1])?);
+        std::hint::black_box(codec::decode::<EffectRecord>(Table::Effect, "", &rows[2])?);
+        elapsed += t.elapsed();
+    }
+    println!(
+        "  component {:<28} {:>7.2} µs",
+        "  of which JSON decode",
+        elapsed.as_secs_f64() * 1e6 / proposals.len() as f64
+    );
     Ok(())
 }
 
