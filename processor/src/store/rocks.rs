@@ -24,6 +24,9 @@ pub struct RocksBackend {
     db: DB,
     path: PathBuf,
     write_options: WriteOptions,
+    /// Point reads' options, made once: `DB::get` would create and free a C `ReadOptions`
+    /// object on every read.
+    read_options: ReadOptions,
 }
 
 impl std::fmt::Debug for RocksBackend {
@@ -58,6 +61,7 @@ impl RocksBackend {
             db,
             path: path.to_owned(),
             write_options,
+            read_options: ReadOptions::default(),
         })
     }
 
@@ -71,7 +75,9 @@ impl RocksBackend {
 
 impl Backend for RocksBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db.get(key).map_err(|e| self.err(e))
+        self.db
+            .get_opt(key, &self.read_options)
+            .map_err(|e| self.err(e))
     }
 
     fn visit(&self, start: &[u8], end: &[u8], limit: usize, f: &mut Visitor<'_>) -> Result<usize> {
