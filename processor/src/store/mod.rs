@@ -171,18 +171,9 @@ impl<B: Backend> StateStore<B> {
             Table::Effect | Table::Proposal | Table::Run => {
                 let id = std::str::from_utf8(&key[1..])
                     .map_err(|_| corrupt("row id is not UTF-8".to_owned()))?;
-                let timer_of = |bytes: &[u8]| -> Result<Option<TimerFired>> {
-                    Ok(codec::timer_of(table, id, bytes)?.map(|due_at| TimerFired {
-                        due_at,
-                        target: target_of(table, id),
-                    }))
-                };
-                let old = self.with_read(key, |old| {
-                    old.map(|old| Ok((row_digest(key, &[old]), timer_of(old)?)))
-                        .transpose()
-                })?;
+                let old = self.replaced(table, id, key)?;
                 let new_timer = match &value {
-                    Some(v) => timer_of(v)?,
+                    Some(v) => row_timer(table, id, v)?,
                     None => None,
                 };
                 self.put_projected(key.to_vec(), old, value, new_timer);
@@ -225,19 +216,34 @@ impl<B: Backend> StateStore<B> {
         })
     }
 
-    /// Stages one projected row replacing the one read (`old`: its share of the projection
-    /// hash and its timer), keeping its timer and the projection hash in step.
+    /// The row a write to `key` (table `table`, id `id`) replaces, if any, as the write needs
+    /// it: its share of the projection hash and its timer, taken from the borrowed bytes (the
+    /// timer from the header: the record is not decoded).
+    fn replaced(&self, table: Table, id: &str, key: &[u8]) -> Result<Option<Replaced>> {
+        self.with_read(key, |old| {
+            old.map(|old| {
+                Ok(Replaced {
+                    digest: row_digest(key, &[old]),
+                    timer: row_timer(table, id, old)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    /// Stages one projected row replacing `old` (see [`replaced`](Self::replaced)), keeping
+    /// its timer and the projection hash in step.
     fn put_projected(
         &mut self,
         key: Vec<u8>,
-        old: Option<([u8; 32], Option<TimerFired>)>,
+        old: Option<Replaced>,
         new: Option<Vec<u8>>,
         new_timer: Option<TimerFired>,
     ) {
         let mut old_timer = None;
-        if let Some((digest, timer)) = old {
-            xor(&mut self.projection, &digest);
-            old_timer = timer;
+        if let Some(old) = old {
+            xor(&mut self.projection, &old.digest);
+            old_timer = old.timer;
         }
         if let Some(new) = &new {
             xor(&mut self.projection, &row_digest(&key, &[new]));
@@ -267,17 +273,7 @@ impl<B: Backend> StateStore<B> {
             Write::Run { run_id, .. } => (Table::Run, run_id),
         };
         let key = table.key(id.as_bytes());
-        // The old row's timer comes from its header: no need to decode the old record.
-        let old = self.with_read(&key, |old| {
-            old.map(|old| {
-                let timer = codec::timer_of(table, id, old)?.map(|due_at| TimerFired {
-                    due_at,
-                    target: target_of(table, id),
-                });
-                Ok((row_digest(&key, &[old]), timer))
-            })
-            .transpose()
-        })?;
+        let old = self.replaced(table, id, &key)?;
         self.put_projected(key, old, value, new_timer);
         Ok(())
     }
@@ -377,6 +373,20 @@ impl<B: Backend> Store for StateStore<B> {
     fn projection_hash(&self) -> String {
         hex::encode(self.projection)
     }
+}
+
+/// What a staged write replaces: the old row's share of the projection hash and its timer.
+struct Replaced {
+    digest: [u8; 32],
+    timer: Option<TimerFired>,
+}
+
+/// The timer stored in a row's header, as the timer it fires.
+fn row_timer(table: Table, id: &str, bytes: &[u8]) -> Result<Option<TimerFired>> {
+    Ok(codec::timer_of(table, id, bytes)?.map(|due_at| TimerFired {
+        due_at,
+        target: target_of(table, id),
+    }))
 }
 
 fn target_of(table: Table, id: &str) -> TimerTarget {
