@@ -158,9 +158,9 @@ pub struct Tool {
     /// Connector whose workers execute this tool (dispatch topic suffix).
     pub connector: String,
     /// JSON pointer to the tenant id inside the canonical arguments.
-    pub tenant_argument: String,
+    pub tenant_argument: JsonPointer,
     /// JSON pointer to the resource acted on (string or integer).
-    pub resource_argument: String,
+    pub resource_argument: JsonPointer,
     /// Maximum size of the canonical arguments in bytes.
     pub max_arguments_bytes: usize,
     /// Upper bound of the per-attempt timeout.
@@ -305,7 +305,7 @@ impl Default for ApprovalPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invariant {
     /// JSON pointer into the canonical arguments.
-    pub pointer: String,
+    pub pointer: JsonPointer,
     /// Inclusive lower bound; the value must be an integer.
     pub min: Option<i64>,
     /// Inclusive upper bound; the value must be an integer.
@@ -317,7 +317,7 @@ pub struct Invariant {
 impl Invariant {
     fn check(&self, args: &Value) -> std::result::Result<(), String> {
         let pointer = &self.pointer;
-        let Some(value) = args.pointer(pointer) else {
+        let Some(value) = pointer.resolve(args) else {
             return Err(format!("invariant on {pointer}: the value is missing"));
         };
         if self.min.is_some() || self.max.is_some() {
@@ -396,13 +396,13 @@ impl Tool {
 
     /// The tenant named by the arguments, if `tenant_argument` points at a string.
     pub fn tenant_of<'a>(&self, args: &'a Value) -> Option<&'a str> {
-        args.pointer(&self.tenant_argument)?.as_str()
+        self.tenant_argument.resolve(args)?.as_str()
     }
 
     /// The resource named by the arguments: a string, or an integer rendered
     /// in decimal. Anything else (missing, object, bool...) is `None`.
     pub fn resource_of(&self, args: &Value) -> Option<String> {
-        match args.pointer(&self.resource_argument)? {
+        match self.resource_argument.resolve(args)? {
             Value::String(text) => Some(text.clone()),
             Value::Number(number) => {
                 if let Some(value) = number.as_i64() {
@@ -521,19 +521,97 @@ fn truncate(mut message: String) -> String {
 
 /// Checks RFC 6901 syntax. The empty pointer (whole document) is rejected:
 /// every configured pointer must name a member.
-fn check_pointer(pointer: &str) -> std::result::Result<(), String> {
-    if !pointer.starts_with('/') {
-        return Err(format!("JSON pointer {pointer:?} must start with '/'"));
-    }
-    let mut chars = pointer.chars();
-    while let Some(ch) = chars.next() {
-        if ch == '~' && !matches!(chars.next(), Some('0' | '1')) {
-            return Err(format!(
-                "JSON pointer {pointer:?}: '~' must be followed by '0' or '1'"
-            ));
+/// A JSON pointer (RFC 6901) into a tool's arguments, split and unescaped once when the registry
+/// is loaded: the tenant, the resource and every invariant are looked up on each proposal, and
+/// `serde_json::Value::pointer` splits the text and unescapes each token on every call (≈ 600
+/// instructions a lookup, ≈ 3% of a fresh decision). Resolves exactly as `Value::pointer` does.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JsonPointer {
+    text: String,
+    tokens: Vec<PointerToken>,
+}
+
+/// One reference token: an object key, and the array index it also denotes, if any.
+#[derive(Clone, PartialEq, Eq)]
+struct PointerToken {
+    key: String,
+    index: Option<usize>,
+}
+
+impl JsonPointer {
+    /// Parses a pointer that starts with `/` and escapes `~` only as `~0` or `~1`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the pointer and what is wrong with it.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        if !text.starts_with('/') {
+            return Err(format!("JSON pointer {text:?} must start with '/'"));
         }
+        let mut chars = text.chars();
+        while let Some(ch) = chars.next() {
+            if ch == '~' && !matches!(chars.next(), Some('0' | '1')) {
+                return Err(format!(
+                    "JSON pointer {text:?}: '~' must be followed by '0' or '1'"
+                ));
+            }
+        }
+        let tokens = text
+            .split('/')
+            .skip(1)
+            .map(|raw| {
+                let key = raw.replace("~1", "/").replace("~0", "~");
+                let index = array_index(&key);
+                PointerToken { key, index }
+            })
+            .collect();
+        Ok(JsonPointer {
+            text: text.to_owned(),
+            tokens,
+        })
     }
-    Ok(())
+
+    /// The pointer as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The value the pointer names inside `value`, if there is one.
+    pub fn resolve<'a>(&self, value: &'a Value) -> Option<&'a Value> {
+        self.tokens
+            .iter()
+            .try_fold(value, |target, token| match target {
+                Value::Object(map) => map.get(&token.key),
+                Value::Array(items) => token.index.and_then(|index| items.get(index)),
+                _ => None,
+            })
+    }
+}
+
+/// An array index as RFC 6901 spells one: decimal digits, no sign, no leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+impl std::fmt::Display for JsonPointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::fmt::Debug for JsonPointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.text, f)
+    }
+}
+
+impl PartialEq<&str> for JsonPointer {
+    fn eq(&self, other: &&str) -> bool {
+        self.text == *other
+    }
 }
 
 /// Names, versions and connectors end up in topic names, keys and entity
@@ -633,9 +711,9 @@ impl RawTool {
         check_identifier(&self.name).map_err(|reason| fe.field("name", reason))?;
         check_identifier(&self.version).map_err(|reason| fe.field("version", reason))?;
         check_identifier(&self.connector).map_err(|reason| fe.field("connector", reason))?;
-        check_pointer(&self.tenant_argument)
+        let tenant_argument = JsonPointer::parse(&self.tenant_argument)
             .map_err(|reason| fe.field("tenant_argument", reason))?;
-        check_pointer(&self.resource_argument)
+        let resource_argument = JsonPointer::parse(&self.resource_argument)
             .map_err(|reason| fe.field("resource_argument", reason))?;
 
         let max_arguments_bytes = self
@@ -703,8 +781,8 @@ impl RawTool {
             name: self.name,
             version: self.version,
             connector: self.connector,
-            tenant_argument: self.tenant_argument,
-            resource_argument: self.resource_argument,
+            tenant_argument,
+            resource_argument,
             max_arguments_bytes,
             attempt_timeout_cap_ms,
             retention_ms,
@@ -721,7 +799,8 @@ impl RawTool {
 impl RawInvariant {
     fn into_invariant(self, position: usize, fe: &FieldError<'_>) -> Result<Invariant> {
         let field = |name: &str| format!("invariant[{position}].{name}");
-        check_pointer(&self.pointer).map_err(|reason| fe.field(field("pointer"), reason))?;
+        let pointer = JsonPointer::parse(&self.pointer)
+            .map_err(|reason| fe.field(field("pointer"), reason))?;
         if self.min.is_none() && self.max.is_none() && self.one_of.is_none() {
             return Err(fe.field(
                 format!("invariant[{position}]"),
@@ -760,7 +839,7 @@ impl RawInvariant {
             }
         };
         Ok(Invariant {
-            pointer: self.pointer,
+            pointer,
             min: self.min,
             max: self.max,
             one_of,
@@ -985,13 +1064,13 @@ reconcilable = false
             refund.invariants,
             [
                 Invariant {
-                    pointer: "/amount/minor_units".into(),
+                    pointer: JsonPointer::parse("/amount/minor_units").unwrap(),
                     min: Some(1),
                     max: Some(500_000),
                     one_of: None
                 },
                 Invariant {
-                    pointer: "/amount/currency".into(),
+                    pointer: JsonPointer::parse("/amount/currency").unwrap(),
                     min: None,
                     max: None,
                     one_of: Some(vec![json!("EUR"), json!("USD"), json!("GBP")])
@@ -1524,6 +1603,106 @@ reconcilable = false
                     jitter_permille: jitter,
                 },
             )
+    }
+
+    /// A document whose keys and arrays exercise every rule of RFC 6901 that `resolve` follows.
+    fn pointer_document() -> Value {
+        json!({
+            "": {"": 1, "a": 2},
+            "a": {"b": [10, 11, {"c": "deep"}], "0": "key zero", "01": "key 01"},
+            "a/b": "slash",
+            "m~n": "tilde",
+            "~1": "escaped twice",
+            "list": [[1, 2], {"x": null}],
+            "n": 5
+        })
+    }
+
+    /// Pointers over `pointer_document`: keys, escapes, array indexes with leading zeros,
+    /// signs and out of range, empty tokens, trailing slashes, and paths through scalars.
+    fn pointer_texts() -> Vec<&'static str> {
+        vec![
+            "/",
+            "//",
+            "//a",
+            "/a",
+            "/a/b",
+            "/a/b/0",
+            "/a/b/2/c",
+            "/a/b/3",
+            "/a/b/-",
+            "/a/b/00",
+            "/a/b/01",
+            "/a/b/+1",
+            "/a/b/1/",
+            "/a/0",
+            "/a/01",
+            "/a~1b",
+            "/m~0n",
+            "/~01",
+            "/~1",
+            "/list/0/1",
+            "/list/1/x",
+            "/list/1/x/y",
+            "/n",
+            "/n/0",
+            "/missing",
+            "/a/b/18446744073709551616",
+        ]
+    }
+
+    /// Small JSON documents whose keys come from the pointer tokens' alphabet.
+    fn json_tree() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![Just(Value::Null), any::<i64>().prop_map(Value::from)];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a~/0-9+]{0,3}", inner, 0..4)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn json_pointers_resolve_as_serde_json_does() {
+        let document = pointer_document();
+        for text in pointer_texts() {
+            let pointer = JsonPointer::parse(text).unwrap();
+            assert_eq!(pointer.resolve(&document), document.pointer(text), "{text}");
+            assert_eq!(pointer.to_string(), text);
+        }
+        let found = |text| {
+            JsonPointer::parse(text)
+                .unwrap()
+                .resolve(&document)
+                .cloned()
+        };
+        assert_eq!(found("/a~1b"), Some(json!("slash")));
+        assert_eq!(found("/~01"), Some(json!("escaped twice")));
+        assert_eq!(found("/a/b/2/c"), Some(json!("deep")));
+        assert_eq!(found("/a/b/01"), None);
+        assert_eq!(found("/a/01"), Some(json!("key 01")));
+        for bad in ["", "a/b", "/a~", "/a~2"] {
+            assert!(JsonPointer::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// Any pointer made of keys and indexes resolves as `Value::pointer` over any document
+        /// built from the same alphabet.
+        #[test]
+        fn json_pointers_agree_with_serde_json_on_random_paths(
+            tokens in prop::collection::vec("[a~/0-9+]{0,3}", 0..5),
+            document in json_tree(),
+        ) {
+            let text: String = tokens
+                .iter()
+                .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
+                .collect();
+            let text = if text.is_empty() { "/".to_owned() } else { text };
+            let pointer = JsonPointer::parse(&text).unwrap();
+            prop_assert_eq!(pointer.resolve(&document), document.pointer(&text));
+        }
     }
 
     proptest! {

@@ -29,7 +29,10 @@
 //! Index: only policies that can apply to the proposal's tool are evaluated.
 //! A policy scoped `resource == Airlock::Tool::"x"` is evaluated only for
 //! tool `x`; every other policy is evaluated for every tool. The per-tool
-//! policy sets are built once at load.
+//! policy sets are built once at load, per action, and inside them the scope
+//! constraints the set already decided (the action scope; a tool's own
+//! `resource == Airlock::Tool::"x"`) are dropped, so Cedar does not compare
+//! entities whose comparison is known to hold.
 //!
 //! Evaluation fails closed: if any policy errors while evaluating a request
 //! that would otherwise be allowed, the request is denied as invalid,
@@ -496,24 +499,35 @@ impl Policy {
         }
 
         // Only the policies that can apply to the request's action and tool are evaluated:
-        // Cedar's cost grows with every policy it has to look at.
-        let index_for = |action: &EntityUid| -> ToolIndex {
+        // Cedar's cost grows with every policy it has to look at. Inside a set, the scope
+        // constraints the set's key already decided are dropped (see [`settled`]).
+        let index_for = |action: &EntityUid| -> Result<ToolIndex> {
             let relevant =
-                |p: &cedar_policy::Policy| admits(&p.action_constraint(), action, &entities);
-            let general: Vec<_> = general.iter().filter(|p| relevant(p)).cloned().collect();
-            ToolIndex::new(
-                specific
+                |p: &&cedar_policy::Policy| admits(&p.action_constraint(), action, &entities);
+            let general = general
+                .iter()
+                .filter(relevant)
+                .map(|p| settled(p, Settled::Action))
+                .collect::<Result<Vec<_>>>()?;
+            let mut per_tool = HashMap::with_capacity(specific.len());
+            for (tool, own) in &specific {
+                let own = own
                     .iter()
-                    .map(|(tool, own)| {
-                        let own = own.iter().filter(|p| relevant(p)).cloned();
-                        (tool.clone(), policy_set(own.chain(general.iter().cloned())))
-                    })
-                    .collect(),
+                    .filter(relevant)
+                    .map(|p| settled(p, Settled::ActionAndResource))
+                    .collect::<Result<Vec<_>>>()?;
+                per_tool.insert(
+                    tool.clone(),
+                    policy_set(own.into_iter().chain(general.iter().cloned())),
+                );
+            }
+            Ok(ToolIndex::new(
+                per_tool,
                 policy_set(general.iter().cloned()),
-            )
+            ))
         };
-        let invoke_index = index_for(&invoke);
-        let approve_index = index_for(&approve);
+        let invoke_index = index_for(&invoke)?;
+        let approve_index = index_for(&approve)?;
 
         Ok(Policy {
             invoke_index,
@@ -681,6 +695,41 @@ fn policy_set(policies: impl Iterator<Item = cedar_policy::Policy>) -> PolicySet
             .expect("ids were checked unique and every policy is static");
     }
     set
+}
+
+/// Which scope constraints of a policy its place in a [`ToolIndex`] already decided.
+#[derive(Clone, Copy)]
+enum Settled {
+    /// The action scope: every request evaluated against an index has that index's action,
+    /// and the policy is only there because its action scope admits it.
+    Action,
+    /// The action scope, and the resource scope `resource == Airlock::Tool::"x"` of a policy
+    /// in tool x's own set, whose requests all name tool x.
+    ActionAndResource,
+}
+
+/// `policy` with the scope constraints its index entry decided (`what`) made unconstrained, so
+/// that Cedar does not evaluate them on every request: each is an entity comparison whose
+/// answer is known to be true for every request the entry sees. The id and annotations are
+/// kept; the policy is rebuilt from its JSON form (Cedar's EST), which also drops its source
+/// locations (evaluation errors name the policy by id; their messages carry no location).
+/// `index_agrees_with_unindexed_evaluation` checks that the indexed sets decide, and err,
+/// exactly like the policies as written.
+fn settled(policy: &cedar_policy::Policy, what: Settled) -> Result<cedar_policy::Policy> {
+    let rebuild_error = |message: String| Error::Parse {
+        origin: format!("policy {} (rebuilt for the index)", policy.id()),
+        message,
+    };
+    let mut est = policy
+        .to_json()
+        .map_err(|error| rebuild_error(error_chain(&error)))?;
+    let all = serde_json::json!({ "op": "All" });
+    est["action"] = all.clone();
+    if let Settled::ActionAndResource = what {
+        est["resource"] = all;
+    }
+    cedar_policy::Policy::from_json(Some(policy.id().clone()), est)
+        .map_err(|error| rebuild_error(error_chain(&error)))
 }
 
 /// Whether an action scope can match `action`. `in` also matches
@@ -1172,25 +1221,108 @@ mod tests {
         );
     }
 
-    /// The index is an optimisation only: it must decide exactly like the
-    /// whole policy set.
-    #[test]
-    fn index_agrees_with_unindexed_evaluation() {
-        let (policies, entities) = sources();
-        let policy = Policy::from_sources(&policies, &entities).unwrap();
-        let mut whole = PolicySet::new();
-        let mut added = HashSet::new();
-        let indexes = [&policy.invoke_index, &policy.approve_index];
-        let sets = indexes
-            .iter()
-            .flat_map(|i| i.per_tool.values().chain([&i.fallback]).map(|(set, _)| set));
-        for set in sets {
-            for p in set.policies() {
-                if added.insert(p.id().clone()) {
-                    whole.add(p.clone()).unwrap();
+    /// Evaluates every request of `principals` × `tools` × tenants `t1`, `t2` × `arguments`,
+    /// for both actions, through the index and through the policies as parsed from `policies`
+    /// (named by their `@id`, as decisions name them), and asserts the same decision, the same
+    /// determining policies and the same errors. Returns how many requests it compared.
+    fn assert_index_agrees(
+        policies: &str,
+        entities: &str,
+        principals: &[&str],
+        tools: &[&str],
+        arguments: &[Value],
+    ) -> usize {
+        let policy = Policy::from_sources(policies, entities).unwrap();
+        let whole = policy_set(PolicySet::from_str(policies).unwrap().policies().map(|p| {
+            let id = p
+                .annotation("id")
+                .map_or_else(|| p.id().clone(), PolicyId::new);
+            p.new_id(id)
+        }));
+        let mut compared = 0;
+        for principal in principals {
+            for tool in tools {
+                for tenant in ["t1", "t2"] {
+                    for args in arguments {
+                        let req = request(principal, tenant, tool, args);
+                        let actions = [
+                            (&policy.invoke, &policy.invoke_index),
+                            (&policy.approve, &policy.approve_index),
+                        ];
+                        for (action, index) in actions {
+                            let indexed = policy.evaluate(&req, action, index).unwrap();
+                            let context = context::build(&req, &Reads::All).unwrap();
+                            let full_request = Request::new(
+                                EntityUid::from_type_name_and_id(
+                                    policy.principal_type.clone(),
+                                    EntityId::new(*principal),
+                                ),
+                                action.clone(),
+                                EntityUid::from_type_name_and_id(
+                                    policy.tool_type.clone(),
+                                    EntityId::new(*tool),
+                                ),
+                                context,
+                                None,
+                            )
+                            .unwrap();
+                            let full = policy.authorizer.is_authorized(
+                                &full_request,
+                                &whole,
+                                &policy.entities,
+                            );
+                            let what = format!("{principal} {action} {tool} {tenant} {args}");
+                            assert_eq!(indexed.decision(), full.decision(), "{what}");
+                            assert_eq!(
+                                sorted_ids(indexed.diagnostics().reason()),
+                                sorted_ids(full.diagnostics().reason()),
+                                "{what}"
+                            );
+                            assert_eq!(sorted_errors(&indexed), sorted_errors(&full), "{what}");
+                            compared += 1;
+                        }
+                    }
                 }
             }
         }
+        compared
+    }
+
+    /// Inside the index, no policy keeps an action scope, and a tool's own policies keep no
+    /// resource scope (the reference bundle's general policies have none); general policies
+    /// keep theirs (`in`, `is`, another type).
+    #[test]
+    fn index_drops_the_scopes_it_settles() {
+        let policy = bundle();
+        for index in [&policy.invoke_index, &policy.approve_index] {
+            for (tool, (set, _)) in &index.per_tool {
+                for p in set.policies() {
+                    assert_eq!(p.action_constraint(), ActionConstraint::Any, "{}", p.id());
+                    assert_eq!(
+                        p.resource_constraint(),
+                        ResourceConstraint::Any,
+                        "{tool}: {}",
+                        p.id()
+                    );
+                }
+            }
+        }
+        let policies = r#"
+            @id("is-tool") @tier("approval")
+            permit (principal, action == Airlock::Action::"invoke", resource is Airlock::Tool);
+        "#;
+        let policy = Policy::from_sources(policies, "[]").unwrap();
+        let (set, _) = &policy.invoke_index.fallback;
+        let p = set.policies().next().unwrap();
+        assert_eq!(p.action_constraint(), ActionConstraint::Any);
+        assert!(matches!(p.resource_constraint(), ResourceConstraint::Is(_)));
+    }
+
+    /// The index is an optimisation only: its sets, with the scope constraints they settle
+    /// dropped, must decide and err exactly like the whole policy set as written.
+    #[test]
+    fn index_agrees_with_unindexed_evaluation() {
+        let (policies, entities) = sources();
         let principals = [
             "agent-support-t1",
             "agent-support-t2",
@@ -1203,55 +1335,67 @@ mod tests {
             "ghost",
         ];
         let tools = ["refund", "debit", "send_email", "unknown"];
-        let mut compared = 0;
-        for principal in principals {
-            for tool in tools {
-                for tenant in ["t1", "t2"] {
-                    for amount in [1, 10_000, 10_001, 500_001] {
-                        let args = json!({
-                            "amount": {"minor_units": amount, "currency": "EUR"},
-                            "to": if amount > 10_000 { "x@other.example" } else { "x@acme.example" }
-                        });
-                        let req = request(principal, tenant, tool, &args);
-                        let actions = [
-                            (&policy.invoke, &policy.invoke_index),
-                            (&policy.approve, &policy.approve_index),
-                        ];
-                        for (action, index) in actions {
-                            let indexed = policy.evaluate(&req, action, index).unwrap();
-                            let context = context::build(&req, &Reads::All).unwrap();
-                            let full_request = Request::new(
-                                EntityUid::from_type_name_and_id(
-                                    policy.principal_type.clone(),
-                                    EntityId::new(principal),
-                                ),
-                                action.clone(),
-                                EntityUid::from_type_name_and_id(
-                                    policy.tool_type.clone(),
-                                    EntityId::new(tool),
-                                ),
-                                context,
-                                None,
-                            )
-                            .unwrap();
-                            let full = policy.authorizer.is_authorized(
-                                &full_request,
-                                &whole,
-                                &policy.entities,
-                            );
-                            assert_eq!(indexed.decision(), full.decision());
-                            assert_eq!(
-                                sorted_ids(indexed.diagnostics().reason()),
-                                sorted_ids(full.diagnostics().reason())
-                            );
-                            assert_eq!(sorted_errors(&indexed), sorted_errors(&full));
-                            compared += 1;
-                        }
-                    }
-                }
-            }
-        }
+        let arguments: Vec<Value> = [1, 10_000, 10_001, 500_001]
+            .into_iter()
+            .map(|amount| {
+                json!({
+                    "amount": {"minor_units": amount, "currency": "EUR"},
+                    "to": if amount > 10_000 { "x@other.example" } else { "x@acme.example" }
+                })
+            })
+            .collect();
+        let compared = assert_index_agrees(&policies, &entities, &principals, &tools, &arguments);
         assert_eq!(compared, 9 * 4 * 2 * 4 * 2);
+    }
+
+    /// The same over scopes the reference bundle does not use: `in` and `is` resources, action
+    /// lists and hierarchies, `==` another type, and conditions that err (a missing attribute,
+    /// a type error) in permits and forbids, general and tool-specific: dropping the settled
+    /// scopes changes no decision and no error message.
+    #[test]
+    fn index_agrees_with_unindexed_evaluation_over_other_scopes_and_errors() {
+        let policies = r#"
+            @id("in-refund") @tier("auto")
+            permit (principal, action in [Airlock::Action::"invoke"], resource in Airlock::Tool::"refund")
+            when { context.arguments.amount < 100 };
+            @id("is-tool") @tier("approval")
+            permit (principal in Airlock::Role::"agent", action, resource is Airlock::Tool)
+            when { context.arguments.amount >= 100 };
+            @id("other-type")
+            forbid (principal, action, resource == Other::"refund");
+            @id("debit-errs") @tier("auto")
+            permit (principal, action == Airlock::Action::"invoke", resource == Airlock::Tool::"debit")
+            when { context.arguments.no_such_field > 1 };
+            @id("debit-type-error")
+            forbid (principal, action in [Airlock::Action::"invoke", Airlock::Action::"approve"], resource == Airlock::Tool::"debit")
+            when { context.arguments.amount like "1*" };
+            @id("refund-approvers")
+            permit (principal in Airlock::Role::"agent", action == Airlock::Action::"approve", resource == Airlock::Tool::"refund")
+            when { principal has tenant && principal.tenant == context.tenant };
+            @id("tenant-guard")
+            forbid (principal, action, resource)
+            unless { principal has tenant && principal.tenant == context.tenant };
+        "#;
+        let entities = r#"[
+            { "uid": { "type": "Airlock::Role", "id": "agent" }, "attrs": {}, "parents": [] },
+            { "uid": { "type": "Airlock::Principal", "id": "a1" }, "attrs": { "tenant": "t1" },
+              "parents": [ { "type": "Airlock::Role", "id": "agent" } ] },
+            { "uid": { "type": "Airlock::Principal", "id": "x" }, "attrs": {}, "parents": [] }
+        ]"#;
+        let arguments = [
+            json!({"amount": 5}),
+            json!({"amount": 500}),
+            json!({"amount": "text"}),
+            json!({}),
+        ];
+        let compared = assert_index_agrees(
+            policies,
+            entities,
+            &["a1", "x", "ghost"],
+            &["refund", "debit", "send_email"],
+            &arguments,
+        );
+        assert_eq!(compared, 3 * 3 * 2 * 4 * 2);
     }
 
     #[test]
