@@ -21,7 +21,7 @@ use super::telemetry::{Observed, source_label};
 use super::topics::Names;
 use super::wire::{self, OutRecord, Outbox, header};
 use crate::capability;
-use crate::core::{Core, Effects, Input, TaskContext};
+use crate::core::{Core, Effects, Input, TaskContext, canonical};
 use crate::store::{self, RocksStore, Store, keys::Table};
 use crate::task::{self, Task};
 use crate::telemetry::trace;
@@ -434,7 +434,7 @@ impl PartitionTask {
                         what: "changelog record",
                         source,
                     })?;
-            let id = format!("changelog/{partition}/{}", hex::encode(&full_key));
+            let id = format!("changelog/{partition}/{}", canonical::hex_lower(&full_key));
             changelog.push(OutRecord {
                 topic: changelog_topic.clone(),
                 partition,

@@ -452,7 +452,7 @@ fn receipt(rec: &EffectRecord, settled_by: &str, evidence: &str) -> String {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    hex::encode(h.finalize())
+    canonical::hex_lower(&h.finalize())
 }
 
 /// Deterministic jitter: the randomness of a retry backoff is a function of its key and epoch.

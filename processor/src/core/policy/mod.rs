@@ -299,7 +299,8 @@ impl Policy {
     pub fn applicable_policy_ids(&self, tool: &str) -> Vec<String> {
         let mut ids: Vec<String> = self
             .invoke_index
-            .set_for(tool)
+            .entry(tool)
+            .0
             .policies()
             .map(|policy| policy.id().to_string())
             .collect();
@@ -380,8 +381,8 @@ impl Policy {
         action: &EntityUid,
         index: &ToolIndex,
     ) -> std::result::Result<cedar_policy::Response, DenyReason> {
-        let context =
-            context::build(req, index.reads_for(req.tool)).map_err(DenyReason::Invalid)?;
+        let (set, reads) = index.entry(req.tool);
+        let context = context::build(req, reads).map_err(DenyReason::Invalid)?;
         let principal = EntityUid::from_type_name_and_id(
             self.principal_type.clone(),
             EntityId::new(req.principal),
@@ -390,9 +391,7 @@ impl Policy {
             EntityUid::from_type_name_and_id(self.tool_type.clone(), EntityId::new(req.tool));
         let request = Request::new(principal, action.clone(), resource, context, None)
             .map_err(|error| DenyReason::Invalid(format!("request: {error}")))?;
-        Ok(self
-            .authorizer
-            .is_authorized(&request, index.set_for(req.tool), &self.entities))
+        Ok(self.authorizer.is_authorized(&request, set, &self.entities))
     }
 
     fn build(
@@ -652,13 +651,10 @@ impl ToolIndex {
         }
     }
 
-    fn set_for(&self, tool: &str) -> &PolicySet {
-        &self.per_tool.get(tool).unwrap_or(&self.fallback).0
-    }
-
-    /// What the policies of `tool` can read of the request context (see [`context`]).
-    fn reads_for(&self, tool: &str) -> &Reads {
-        &self.per_tool.get(tool).unwrap_or(&self.fallback).1
+    /// The policies evaluated for `tool` and what they can read of the request context (see
+    /// [`context`]), in one map lookup.
+    fn entry(&self, tool: &str) -> &(PolicySet, Reads) {
+        self.per_tool.get(tool).unwrap_or(&self.fallback)
     }
 }
 
