@@ -519,8 +519,6 @@ fn truncate(mut message: String) -> String {
     message
 }
 
-/// Checks RFC 6901 syntax. The empty pointer (whole document) is rejected:
-/// every configured pointer must name a member.
 /// A JSON pointer (RFC 6901) into a tool's arguments, split and unescaped once when the registry
 /// is loaded: the tenant, the resource and every invariant are looked up on each proposal, and
 /// `serde_json::Value::pointer` splits the text and unescapes each token on every call (≈ 600
@@ -539,7 +537,9 @@ struct PointerToken {
 }
 
 impl JsonPointer {
-    /// Parses a pointer that starts with `/` and escapes `~` only as `~0` or `~1`.
+    /// Parses a pointer that starts with `/` and escapes `~` only as `~0` or `~1` (RFC 6901).
+    /// The empty pointer (the whole document) is rejected: every configured pointer must name a
+    /// member.
     ///
     /// # Errors
     ///
@@ -569,11 +569,6 @@ impl JsonPointer {
             text: text.to_owned(),
             tokens,
         })
-    }
-
-    /// The pointer as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
     }
 
     /// The value the pointer names inside `value`, if there is one.
