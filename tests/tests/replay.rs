@@ -3,6 +3,7 @@
 //! swapped each fail, and the replay names the break. `airlock audit` tells one key's history.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::runtime::produce::Producer;
@@ -127,6 +128,96 @@ async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> any
             .iter()
             .all(|e| e["operation_key"] == key.as_str()),
         "{out}"
+    );
+    Ok(())
+}
+
+/// Checkpoints every partition journaled, by partition (accepted records, first copies).
+fn checkpoints_by_partition(a: &Airlock) -> anyhow::Result<BTreeMap<i32, usize>> {
+    let mut out = BTreeMap::new();
+    for e in a.read_deduplicated::<JournalEvent>(&a.names.journal(), "journal")? {
+        if e.kind == JournalKind::Checkpoint {
+            *out.entry(e.partition).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_and_stopped_partitions_journal_the_checkpoint_they_owe() -> anyhow::Result<()> {
+    let mut a = Airlock::start("closing-checkpoint", 2).await?;
+    // No checkpoint falls due during the test: every one journaled is a closing one.
+    a.config.processor.checkpoint_interval_ms = 3_600_000;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let proposals = workload::proposals(80, now, &mut Lcg(5));
+    let (first, second) = proposals.split_at(40);
+    let producer = a.producer()?;
+    let topic = a.names.proposals();
+    let decided = async |batch: &[airlock_schemas::ToolProposal]| {
+        eventually(
+            "a decision for every proposal",
+            Duration::from_secs(120),
+            async || {
+                let d = a.proposal_replies()?;
+                Ok(batch
+                    .iter()
+                    .all(|p| d.contains_key(&p.proposal_id))
+                    .then_some(()))
+            },
+        )
+        .await
+    };
+
+    let p1 = a.spawn("p1")?;
+    a.send_many(&producer, &topic, first, |p| p.operation_key.as_str())
+        .await?;
+    decided(first).await?;
+    assert_eq!(checkpoints_by_partition(&a)?, BTreeMap::new());
+
+    // A second instance joins: the rebalance revokes p1's partitions, and each journals the
+    // checkpoint it owes before its task stops.
+    let p2 = a.spawn("p2")?;
+    eventually(
+        "a checkpoint of each revoked partition",
+        Duration::from_secs(60),
+        async || {
+            let c = checkpoints_by_partition(&a)?;
+            Ok((c.len() == 2).then_some(()))
+        },
+    )
+    .await?;
+
+    a.send_many(&producer, &topic, second, |p| p.operation_key.as_str())
+        .await?;
+    decided(second).await?;
+    p1.stop()?;
+    p2.stop()?;
+
+    // Every partition's journal ends on a checkpoint, and the replay verifies each of them.
+    let events = a.read_deduplicated::<JournalEvent>(&a.names.journal(), "journal")?;
+    let mut last: BTreeMap<i32, &JournalEvent> = BTreeMap::new();
+    for e in &events {
+        last.insert(e.partition, e);
+    }
+    assert_eq!(last.len(), 2, "both partitions journaled");
+    for (p, e) in &last {
+        assert_eq!(
+            e.kind,
+            JournalKind::Checkpoint,
+            "partition {p} ends on {:?}",
+            e.kind
+        );
+    }
+    let checkpoints: usize = checkpoints_by_partition(&a)?.values().sum();
+    let (ok, stdout, stderr) = a.cli(&["replay"])?;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "total: {} events, {checkpoints} checkpoints verified, 0 findings",
+            events.len()
+        )),
+        "{checkpoints} checkpoints, {} events:\n{stdout}",
+        events.len()
     );
     Ok(())
 }

@@ -138,7 +138,8 @@ pub struct Processor {
     pub max_poll_interval_ms: u64,
     /// Timers fired per task per batch, at most: bounds a batch after a long pause.
     pub timers_per_batch: usize,
-    /// How often each task journals a CHECKPOINT with its projection hash.
+    /// How often each task journals a CHECKPOINT with its projection hash (when it changed);
+    /// a task that stops (graceful shutdown, revocation) journals the one it owes at once.
     pub checkpoint_interval_ms: u64,
     /// An idle task puts a barrier on its changelog partition this often, so rows a zombie
     /// (an earlier owner that has not heard of the takeover) writes there are found and

@@ -348,6 +348,21 @@ impl PartitionTask {
         Ok(())
     }
 
+    /// Journals the checkpoint a stopping task owes (something changed since its last one) and
+    /// seals it, with whatever else is staged: a task that stops (graceful shutdown,
+    /// revocation) leaves its journal verifiable up to its last change instead of up to its
+    /// last interval. Call between batches, after the last one was sealed. Returns the records
+    /// to produce (none when no checkpoint was owed).
+    pub fn seal_closing_checkpoint(&mut self, now: i64) -> Result<Outbox> {
+        if !self.unchecked {
+            return Ok(Outbox::default());
+        }
+        self.checkpoint(now)?;
+        self.last_checkpoint = Some(now);
+        self.unchecked = false;
+        self.seal(now)
+    }
+
     /// Puts a barrier on this task's changelog partition when the task wrote nothing there for
     /// `every_ms`. Its acknowledgement shows whether another writer (a zombie of an earlier
     /// owner that has not heard of the takeover) put records there since this task's last

@@ -18,9 +18,10 @@
 //!
 //! Rebalances happen inside `poll` (step 1), between batches: on assignment each partition is
 //! claimed (`restore`) and the consumer is positioned at the offsets stored with the state; on
-//! revocation every sealed batch still in flight is waited for (its outputs and changelog
-//! acknowledged), then the tasks are dropped with whatever they had not sealed, and nothing
-//! more leaves them. The group uses the `range` assignor, which keeps partition `p` of every
+//! revocation each task that changed since its last checkpoint journals one, every sealed
+//! batch still in flight is waited for (its outputs and changelog acknowledged), then the
+//! tasks are dropped with whatever they had not sealed, and nothing more leaves them. A
+//! graceful stop (SIGTERM, SIGINT) does the same before it leaves the group. The group uses the `range` assignor, which keeps partition `p` of every
 //! input topic on one instance (they all have the same partition count); an assignment that
 //! breaks this is refused.
 //!
@@ -151,6 +152,16 @@ impl ConsumerContext for Ctx {
     ) {
         let mut shared = lock(&self.shared);
         shared.generation += 1;
+        if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
+            // The revoked tasks' last word, flushed with the rest just below.
+            match send_closing_checkpoints(&mut shared, &self.claim.producer, wall_ms()) {
+                Ok(records) => self.telemetry.produced.add(&[], records as u64),
+                Err(e) => {
+                    log::error!("journaling the revoked partitions' checkpoints: {e}");
+                    shared.fatal.get_or_insert(e);
+                }
+            }
+        }
         // Whatever the tasks sealed leaves before they are dropped or claimed again. Their
         // acknowledgements are not marked (the tasks go): the next claim resends those
         // outbox rows under the same identity, and readers drop the copies.
@@ -342,6 +353,24 @@ fn rewrite_fenced(shared: &mut Shared, claim: &Claim, foreign: Vec<(i32, i64, i6
         );
     }
     Ok(())
+}
+
+/// Has every owned task that changed since its last checkpoint journal one now, and sends
+/// those (see `PartitionTask::seal_closing_checkpoint`): an instance that stops or loses its
+/// partitions leaves a journal that a replay verifies up to its last change. Returns the
+/// records sent.
+fn send_closing_checkpoints(shared: &mut Shared, producer: &Producer, now: i64) -> Result<usize> {
+    let mut sealed = Vec::new();
+    for (&p, task) in &mut shared.tasks {
+        let outbox = task.seal_closing_checkpoint(now)?;
+        if !outbox.records.is_empty() {
+            sealed.push((p, outbox));
+        }
+    }
+    if sealed.is_empty() {
+        return Ok(0);
+    }
+    Ok(shared.flights.send(producer, sealed)?)
 }
 
 /// How far before its stored offset a task's fetch starts (see `Ctx::assign`).
@@ -726,12 +755,15 @@ fn run_loop(
         }
     }
 
-    // Graceful stop: wait for every batch in flight, commit the acknowledgements, then leave
-    // the group.
+    // Graceful stop: journal the checkpoints owed, wait for every batch in flight, commit the
+    // acknowledgements, then leave the group.
     log::info!("instance {instance}: stopping");
     telemetry.stopping();
     {
         let mut guard = lock(&shared);
+        let records = send_closing_checkpoints(&mut guard, &producer, wall_ms())?;
+        summary.produced += records as u64;
+        telemetry.produced.add(&[], records as u64);
         let done = guard.flights.advance(&producer, 0)?;
         // A fenced owner's rows found now are left to the next claim, which finds them after
         // the store's known changelog end (they froze it) and writes those keys again.
