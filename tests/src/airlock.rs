@@ -444,6 +444,21 @@ impl Airlock {
 }
 
 impl Airlock {
+    /// Waits, at most `within`, until every proposal in `ids` has its reply
+    /// ([`Airlock::proposal_replies`]); returns every reply.
+    pub async fn await_replies<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a str>,
+        within: Duration,
+    ) -> anyhow::Result<std::collections::BTreeMap<String, Decision>> {
+        let ids: Vec<&str> = ids.into_iter().collect();
+        crate::eventually("a decision for every proposal", within, async || {
+            let d = self.proposal_replies()?;
+            Ok(ids.iter().all(|id| d.contains_key(*id)).then_some(d))
+        })
+        .await
+    }
+
     /// The reply to each proposal (decision ids `p/...`, and `x/...` for records the processor
     /// refused before deciding), the first copy of each, by proposal id. Later decisions about
     /// the same intent (attempt timeouts, settlements) reply to the proposal too; they are not

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::runtime::wire::Admit;
 use airlock_tests::airlock::Airlock;
-use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,15 +56,12 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
     }
     sender.await??;
 
-    let decided = eventually(
-        "a decision for every proposal",
-        Duration::from_secs(240),
-        async || {
-            let d = a.proposal_replies()?;
-            Ok(distinct.iter().all(|id| d.contains_key(id)).then_some(d))
-        },
-    )
-    .await;
+    let decided = a
+        .await_replies(
+            distinct.iter().map(String::as_str),
+            Duration::from_secs(240),
+        )
+        .await;
     // SIGTERM: a graceful stop, which journals the checkpoint each partition owes; the replay
     // below verifies the projection against them.
     let _ = std::process::Command::new("kill")

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::runtime::wire::Admit;
 use airlock_tests::airlock::Airlock;
-use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
 
 fn signal(child: &Child, sig: &str) -> anyhow::Result<()> {
@@ -99,15 +98,12 @@ async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Re
     );
     sender.await??;
 
-    let decided = eventually(
-        "a decision for every proposal",
-        Duration::from_secs(180),
-        async || {
-            let d = a.proposal_replies()?;
-            Ok(distinct.iter().all(|id| d.contains_key(id)).then_some(d))
-        },
-    )
-    .await;
+    let decided = a
+        .await_replies(
+            distinct.iter().map(String::as_str),
+            Duration::from_secs(180),
+        )
+        .await;
     let fenced = fenced_writes(&a)?;
     for child in [&mut p2, &mut p4] {
         let _ = signal(child, "-TERM");

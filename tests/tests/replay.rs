@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::topics;
 use airlock_processor::runtime::wire::{self, OutRecord};
-use airlock_schemas::{Codec, JournalEvent, JournalKind};
+use airlock_schemas::{Codec, JournalEvent, JournalKind, ToolProposal};
 use airlock_tests::airlock::{Airlock, Read};
 use airlock_tests::workload::{self, Lcg};
 use airlock_tests::{eventually, unique_prefix};
@@ -28,18 +28,7 @@ async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> any
             .await?;
         tokio::time::sleep(Duration::from_millis(900)).await;
     }
-    eventually(
-        "a decision for every proposal",
-        Duration::from_secs(120),
-        async || {
-            let d = a.proposal_replies()?;
-            Ok(proposals
-                .iter()
-                .all(|p| d.contains_key(&p.proposal_id))
-                .then_some(()))
-        },
-    )
-    .await?;
+    a.await_replies(ids(&proposals), WAIT).await?;
     // A checkpoint follows the last decisions within the interval, even when idle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     processor.stop()?;
@@ -132,6 +121,12 @@ async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> any
     Ok(())
 }
 
+const WAIT: Duration = Duration::from_secs(120);
+
+fn ids(proposals: &[ToolProposal]) -> impl Iterator<Item = &str> {
+    proposals.iter().map(|p| p.proposal_id.as_str())
+}
+
 /// Checkpoints every partition journaled, by partition (accepted records, first copies).
 fn checkpoints_by_partition(a: &Airlock) -> anyhow::Result<BTreeMap<i32, usize>> {
     let mut out = BTreeMap::new();
@@ -153,25 +148,11 @@ async fn revoked_and_stopped_partitions_journal_the_checkpoint_they_owe() -> any
     let (first, second) = proposals.split_at(40);
     let producer = a.producer()?;
     let topic = a.names.proposals();
-    let decided = async |batch: &[airlock_schemas::ToolProposal]| {
-        eventually(
-            "a decision for every proposal",
-            Duration::from_secs(120),
-            async || {
-                let d = a.proposal_replies()?;
-                Ok(batch
-                    .iter()
-                    .all(|p| d.contains_key(&p.proposal_id))
-                    .then_some(()))
-            },
-        )
-        .await
-    };
 
     let p1 = a.spawn("p1")?;
     a.send_many(&producer, &topic, first, |p| p.operation_key.as_str())
         .await?;
-    decided(first).await?;
+    a.await_replies(ids(first), WAIT).await?;
     assert_eq!(checkpoints_by_partition(&a)?, BTreeMap::new());
 
     // A second instance joins: the rebalance revokes p1's partitions, and each journals the
@@ -189,7 +170,7 @@ async fn revoked_and_stopped_partitions_journal_the_checkpoint_they_owe() -> any
 
     a.send_many(&producer, &topic, second, |p| p.operation_key.as_str())
         .await?;
-    decided(second).await?;
+    a.await_replies(ids(second), WAIT).await?;
     p1.stop()?;
     p2.stop()?;
 
