@@ -303,14 +303,18 @@ impl PartitionTask {
         Ok(n)
     }
 
-    /// Appends a CHECKPOINT journal event with the projection hash (audit replays verify it).
-    pub fn checkpoint(&mut self, now: i64) -> Result<()> {
+    /// Appends a CHECKPOINT journal event with the projection hash (audit replays verify it);
+    /// nothing is owed after it.
+    fn checkpoint(&mut self, now: i64) -> Result<()> {
         let event = self.task.checkpoint(now)?;
         let effects = Effects {
             journal: vec![event],
             ..Effects::default()
         };
-        self.stage_outputs(&effects)
+        self.stage_outputs(&effects)?;
+        self.last_checkpoint = Some(now);
+        self.unchecked = false;
+        Ok(())
     }
 
     /// Notes that a record of `topic` (input `source`) carried its producer's time (CreateTime),
@@ -342,8 +346,6 @@ impl PartitionTask {
         self.unchecked |= !self.staged_outbox.is_empty() || self.stages_changelog_rows();
         if self.unchecked && now - last >= every_ms {
             self.checkpoint(now)?;
-            self.last_checkpoint = Some(now);
-            self.unchecked = false;
         }
         Ok(())
     }
@@ -358,8 +360,6 @@ impl PartitionTask {
             return Ok(Outbox::default());
         }
         self.checkpoint(now)?;
-        self.last_checkpoint = Some(now);
-        self.unchecked = false;
         self.seal(now)
     }
 

@@ -21,9 +21,9 @@
 //! revocation each task that changed since its last checkpoint journals one, every sealed
 //! batch still in flight is waited for (its outputs and changelog acknowledged), then the
 //! tasks are dropped with whatever they had not sealed, and nothing more leaves them. A
-//! graceful stop (SIGTERM, SIGINT) does the same before it leaves the group. The group uses the `range` assignor, which keeps partition `p` of every
-//! input topic on one instance (they all have the same partition count); an assignment that
-//! breaks this is refused.
+//! graceful stop (SIGTERM, SIGINT) does the same before it leaves the group. The group uses
+//! the `range` assignor, which keeps partition `p` of every input topic on one instance (they
+//! all have the same partition count); an assignment that breaks this is refused.
 //!
 //! Metrics, health and readiness (`telemetry`) are recorded by this loop and served on
 //! `telemetry.listen` when it is set.
