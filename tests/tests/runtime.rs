@@ -220,3 +220,81 @@ async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
     assert_eq!(dispatches.len(), keys.len());
     Ok(())
 }
+
+/// An input topic deleted and created again while its partition's state stays: the new log's
+/// offsets restart at 0, below what the state consumed, so its records would be taken for ones
+/// already decided. The task keeps the fingerprint of the last record it consumed; when the new
+/// log reaches that offset, the record there differs and the instance stops, naming the cause,
+/// instead of skipping the new log's records (or deciding the ones past the old offset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_input_topic_stops_the_instance_instead_of_skipping_its_records()
+-> anyhow::Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+
+    let a = Airlock::start("run-replaced", 1).await?;
+    let producer = a.producer()?;
+    let proposals = a.names.proposals();
+    let now = now_ms();
+    let batch = |name: &str, n: usize| -> Vec<airlock_schemas::ToolProposal> {
+        (0..n)
+            .map(|i| sample::refund(&format!("refund:{name}{i}"), 1_000, now))
+            .collect()
+    };
+    let send = async |ps: &[airlock_schemas::ToolProposal]| {
+        a.send_many(&producer, &proposals, ps, |p| p.operation_key.as_str())
+            .await
+    };
+
+    // Offsets 0-5 of the first log are consumed and decided.
+    let old = batch("old", 6);
+    let p1 = a.spawn("p1")?;
+    send(&old).await?;
+    a.await_replies(old.iter().map(|p| p.proposal_id.as_str()), WAIT)
+        .await?;
+    p1.stop()?;
+
+    // The topic goes and comes back empty (`airlock topics create` makes the missing one).
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &a.config.kafka.brokers)
+        .create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.delete_topics(&[&proposals], &options).await? {
+        result.map_err(|(topic, code)| anyhow::anyhow!("deleting {topic}: {code}"))?;
+    }
+    let (created, out, err) = a.cli(&["topics", "create"])?;
+    assert!(created, "airlock topics create: {out}{err}");
+    assert!(out.contains(&proposals), "{out}");
+
+    // Three records of the new log (offsets 0-2) before the instance comes back, five after
+    // (3-7): offset 5 is where the state's last consumed record was.
+    let new = batch("new", 8);
+    send(&new[..3]).await?;
+    let p1 = a.spawn("p1")?;
+    send(&new[3..]).await?;
+    eventually("the instance to stop", WAIT, async || {
+        Ok((!p1.is_running()).then_some(()))
+    })
+    .await?;
+    let error = format!(
+        "{:#}",
+        p1.stop().expect_err("the instance stopped on an error")
+    );
+    assert!(
+        error.contains(&format!(
+            "{proposals} partition 0: the record at offset 5 is not the one this partition \
+             consumed there"
+        )),
+        "{error}"
+    );
+    assert!(error.contains("deleted and created again"), "{error}");
+
+    // Nothing of the new log was decided, neither below the old end nor past it.
+    let replies = a.proposal_replies()?;
+    assert_eq!(replies.len(), old.len(), "{replies:?}");
+    for p in &new {
+        assert!(!replies.contains_key(&p.proposal_id), "{replies:?}");
+    }
+    Ok(())
+}

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers, Timestamp};
 
-use super::partition::{InputRecord, PartitionTask, Position, Source};
+use super::partition::{self, Fingerprint, InputRecord, PartitionTask, Position, Source};
 use super::run::{Error, Result};
 use super::telemetry::Observed;
 use super::wire::Outbox;
@@ -118,6 +118,8 @@ fn decide_partition(
 ) -> Result<Decided> {
     let partition = task.partition();
     let mut handled = 0;
+    // The last record consumed of each input topic: its fingerprint goes with the offset row.
+    let mut last: BTreeMap<&str, &BorrowedMessage<'_>> = BTreeMap::new();
     for message in &records {
         let topic = message.topic();
         let Some(&source) = sources.get(topic) else {
@@ -125,7 +127,10 @@ fn decide_partition(
         };
         match task.position_of(topic, message.offset())? {
             Position::Next => {}
-            Position::AlreadyConsumed => continue,
+            Position::AlreadyConsumed => {
+                task.check_redelivered(topic, message.offset(), || fingerprint(message))?;
+                continue;
+            }
             Position::Gap { expected } => {
                 return Err(Error::Gap {
                     topic: topic.to_owned(),
@@ -165,6 +170,10 @@ fn decide_partition(
             &parent,
         )?;
         handled += 1;
+        last.insert(topic, message);
+    }
+    for (topic, message) in last {
+        task.note_last_consumed(topic, message.offset(), fingerprint(message));
     }
     // The messages go back to librdkafka before the commit's fsync.
     drop(records);
@@ -178,6 +187,14 @@ fn decide_partition(
         sealed,
         observed: task.take_observed(),
     })
+}
+
+fn fingerprint(message: &BorrowedMessage<'_>) -> Fingerprint {
+    partition::fingerprint(
+        message.timestamp().to_millis(),
+        message.key(),
+        message.payload(),
+    )
 }
 
 #[cfg(test)]

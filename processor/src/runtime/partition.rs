@@ -51,6 +51,20 @@ pub enum Error {
         #[source]
         source: airlock_schemas::Error,
     },
+    #[error(
+        "{topic} partition {partition}: the record at offset {offset} is not the one this \
+         partition consumed there (fingerprint {found}, stored {stored}): the topic was deleted \
+         and created again, or the broker lost records it had acknowledged (an unclean leader \
+         election); the state belongs to the old log, so nothing on this one is decided (see \
+         the README, \"Replaced input logs\")"
+    )]
+    InputReplaced {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        stored: String,
+        found: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -64,12 +78,95 @@ pub const META_CHANGELOG_NEXT: &[u8] = b"local/changelog_next";
 pub const META_OWNER_EPOCH: &[u8] = b"owner_epoch";
 
 /// Which input topic a record came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
     Proposals,
     Approvals,
     Outcomes,
     Control,
+}
+
+impl Source {
+    /// In the order of the input topics everywhere (`Names::proposals`, `approvals`,
+    /// `outcomes`, `control`).
+    pub const ALL: [Source; 4] = [
+        Source::Proposals,
+        Source::Approvals,
+        Source::Outcomes,
+        Source::Control,
+    ];
+}
+
+/// An input record told apart by its content: the first 16 bytes of SHA-256 over its
+/// timestamp, key and payload. The offset row of each input topic keeps the fingerprint of the
+/// last record consumed, so that a task reading its log again can tell whether it is still the
+/// log its state was built from (see [`PartitionTask::check_redelivered`]).
+pub type Fingerprint = [u8; 16];
+
+/// The [`Fingerprint`] of an input record. Every part is length-prefixed and absence is
+/// distinct from emptiness, so no two different records share the hashed bytes. Stored
+/// fingerprints are compared with ones computed by later builds: never change what is hashed
+/// or how (the golden vectors in the tests pin it).
+pub fn fingerprint(
+    timestamp: Option<i64>,
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+) -> Fingerprint {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(b"airlock.input.v1");
+    match timestamp {
+        Some(t) => {
+            hasher.update([1]);
+            hasher.update(t.to_be_bytes());
+        }
+        None => hasher.update([0]),
+    }
+    for part in [key, payload] {
+        match part {
+            Some(bytes) => {
+                hasher.update([1]);
+                hasher.update((bytes.len() as u64).to_be_bytes());
+                hasher.update(bytes);
+            }
+            None => hasher.update([0]),
+        }
+    }
+    let digest = hasher.finalize();
+    let mut out = [0; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
+
+/// An input topic's offset row: the next offset to consume and the fingerprint of the record
+/// before it. On disk 8 bytes (big-endian `next`), then the 16 of `last` when known: rows
+/// written by tasks that did not keep fingerprints, and rows staged record by record within a
+/// batch, have none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputTail {
+    pub next: i64,
+    pub last: Option<Fingerprint>,
+}
+
+impl InputTail {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24);
+        out.extend_from_slice(&self.next.to_be_bytes());
+        if let Some(last) = &self.last {
+            out.extend_from_slice(last);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<InputTail> {
+        let next = i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+        let last = match bytes.len() {
+            8 => None,
+            24 => Some(bytes[8..].try_into().ok()?),
+            _ => return None,
+        };
+        Some(InputTail { next, last })
+    }
 }
 
 /// An input record as the task needs it; `timestamp` is the record's own time, `now` of its
@@ -217,6 +314,55 @@ impl PartitionTask {
     /// record whose effects are already in the state (it must not be decided twice).
     pub fn already_consumed(&self, topic: &str, offset: i64) -> Result<bool> {
         Ok(self.position_of(topic, offset)? == Position::AlreadyConsumed)
+    }
+
+    /// Keeps, with the offset row of `topic`, the fingerprint of the record at `offset`: the
+    /// last one of `topic` the batch consumed ([`handle_record_in`](Self::handle_record_in)
+    /// staged its offset).
+    pub fn note_last_consumed(&mut self, topic: &str, offset: i64, fingerprint: Fingerprint) {
+        debug_assert_eq!(self.staged_offsets.get(topic), Some(&(offset + 1)));
+        let tail = InputTail {
+            next: offset + 1,
+            last: Some(fingerprint),
+        };
+        self.task
+            .store_mut()
+            .stage_raw(Table::Offset, topic.as_bytes(), Some(tail.encode()));
+    }
+
+    /// Checks a redelivered record of `topic` (below the next offset to consume): when it is
+    /// the last record the state consumed and its fingerprint is known, `fingerprint` (of the
+    /// record at hand) must match it. A mismatch means the log is no longer the one the state
+    /// was built from (a topic deleted and created again, records lost and written anew): the
+    /// records from here on would be taken for ones already decided, so the task refuses.
+    pub fn check_redelivered(
+        &self,
+        topic: &str,
+        offset: i64,
+        fingerprint: impl FnOnce() -> Fingerprint,
+    ) -> Result<()> {
+        let partition = self.partition();
+        let Some(InputTail {
+            next,
+            last: Some(stored),
+        }) = input_tail(self.task.store(), topic, partition)?
+        else {
+            return Ok(());
+        };
+        if offset != next - 1 {
+            return Ok(());
+        }
+        let found = fingerprint();
+        if found == stored {
+            return Ok(());
+        }
+        Err(Error::InputReplaced {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            stored: hex::encode(stored),
+            found: hex::encode(found),
+        })
     }
 
     /// The next offset to consume of every input topic that has one (group commits, for lag).
@@ -929,7 +1075,27 @@ pub fn store_table(t: StateTable) -> Table {
 }
 
 pub fn stored_offset(store: &impl Store, topic: &str, partition: i32) -> Result<Option<i64>> {
-    read_i64(store, Table::Offset, topic.as_bytes(), partition)
+    Ok(input_tail(store, topic, partition)?.map(|t| t.next))
+}
+
+/// The offset row of input `topic` (this partition), as stored with the state.
+pub fn input_tail(store: &impl Store, topic: &str, partition: i32) -> Result<Option<InputTail>> {
+    let Some(bytes) = store
+        .get_raw(Table::Offset, topic.as_bytes())
+        .map_err(|source| Error::Store { partition, source })?
+    else {
+        return Ok(None);
+    };
+    InputTail::decode(&bytes)
+        .map(Some)
+        .ok_or_else(|| Error::Store {
+            partition,
+            source: store::Error::Corrupt {
+                table: Table::Offset,
+                key: topic.to_owned(),
+                detail: format!("{} bytes, expected 8 or 24", bytes.len()),
+            },
+        })
 }
 
 pub fn read_u64(store: &impl Store, id: &[u8], partition: i32) -> Result<Option<u64>> {
@@ -983,4 +1149,127 @@ pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<Outbox>>
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sample;
+    use crate::store::{RocksBackend, RocksOptions, StateStore};
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    #[test]
+    fn an_offset_row_reads_with_or_without_its_fingerprint() {
+        let with = InputTail {
+            next: 42,
+            last: Some([7; 16]),
+        };
+        assert_eq!(with.encode().len(), 24);
+        assert_eq!(InputTail::decode(&with.encode()), Some(with));
+        // The rows of tasks that kept no fingerprint: the offset alone.
+        assert_eq!(
+            InputTail::decode(&42i64.to_be_bytes()),
+            Some(InputTail {
+                next: 42,
+                last: None
+            })
+        );
+        for len in [0, 7, 9, 23, 25] {
+            assert_eq!(InputTail::decode(&vec![0; len]), None, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn fingerprints_match_their_golden_vectors() {
+        // SHA-256("airlock.input.v1" ++ 0x01 ++ i64 BE time ++ 0x01 ++ u64 BE len ++ key
+        // ++ 0x00 (no payload)), first 16 bytes; and with no time, a key and a payload.
+        assert_eq!(
+            hex::encode(fingerprint(
+                Some(1_700_000_000_000),
+                Some(b"refund:a"),
+                None
+            )),
+            "cf42ac70da04054bf65fb3d1e1ec25eb"
+        );
+        assert_eq!(
+            hex::encode(fingerprint(None, Some(b"abc"), Some(b"{}"))),
+            "85c73367c48250841fda7d1c5672dabe"
+        );
+    }
+
+    #[test]
+    fn fingerprints_tell_records_apart_by_time_key_and_payload() {
+        let base = fingerprint(Some(1), Some(b"k"), Some(b"v"));
+        assert_eq!(base, fingerprint(Some(1), Some(b"k"), Some(b"v")));
+        let others = [
+            fingerprint(Some(2), Some(b"k"), Some(b"v")),
+            fingerprint(None, Some(b"k"), Some(b"v")),
+            fingerprint(Some(1), Some(b"k2"), Some(b"v")),
+            fingerprint(Some(1), None, Some(b"v")),
+            fingerprint(Some(1), Some(b""), Some(b"v")),
+            fingerprint(Some(1), Some(b"k"), None),
+            // Where the key ends and the payload starts is part of what is hashed.
+            fingerprint(Some(1), Some(b"kv"), Some(b"")),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert_ne!(*other, base, "variant {i}");
+        }
+    }
+
+    #[test]
+    fn a_redelivered_last_record_must_match_its_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: false }).unwrap();
+        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
+        let names = Names::new("t.");
+        let ctx = TaskContext {
+            partition: 0,
+            owner_epoch: 1,
+            task: "test/0".to_owned(),
+        };
+        let store = StateStore::open(backend).unwrap();
+        let codec = Codec::new();
+        let mut task =
+            PartitionTask::new(core, store, ctx, names.clone(), codec.clone(), 1).unwrap();
+        let topic = names.proposals();
+        let mut last = [0; 16];
+        for offset in 0..3 {
+            let proposal = sample::refund(&format!("refund:{offset}"), 100, NOW);
+            let payload = codec.encode_single_object(&proposal).unwrap();
+            let key = proposal.operation_key.as_bytes();
+            task.handle_record(&InputRecord {
+                source: Source::Proposals,
+                topic: &topic,
+                offset,
+                key: Some(key),
+                payload: Some(&payload),
+                timestamp: NOW,
+            })
+            .unwrap();
+            last = fingerprint(Some(NOW), Some(key), Some(&payload));
+        }
+        task.note_last_consumed(&topic, 2, last);
+        task.seal(NOW).unwrap();
+        assert_eq!(task.stored_offset(&topic).unwrap(), Some(3));
+
+        // The last record consumed, as it was: fine. Another record there: refused.
+        task.check_redelivered(&topic, 2, || last).unwrap();
+        let other = fingerprint(Some(NOW), Some(b"refund:x"), Some(b"x"));
+        let err = task.check_redelivered(&topic, 2, || other).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "t.proposals partition 0: the record at offset 2 is not the one this partition \
+                 consumed there"
+            ),
+            "{err}"
+        );
+        // Earlier records have no stored fingerprint (not even computed), nor has a topic
+        // with nothing consumed.
+        task.check_redelivered(&topic, 1, || unreachable!())
+            .unwrap();
+        task.check_redelivered(&names.outcomes(), 2, || unreachable!())
+            .unwrap();
+    }
 }
