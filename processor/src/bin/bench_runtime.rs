@@ -373,6 +373,12 @@ fn run_processor(
             Instant::now() < deadline,
             "processor too slow: {size} decisions"
         );
+        if handle.is_finished() {
+            let result = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("processor panicked"))?;
+            anyhow::bail!("the processor stopped after {size} decisions: {result:?}");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     let (t0, s0, cpu0) = started.context("no decision seen")?;

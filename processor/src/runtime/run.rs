@@ -26,15 +26,14 @@
 //! all have the same partition count); an assignment that breaks this is refused.
 //!
 //! Offsets never move silently: a record past the next offset to consume stops the instance
-//! (`Error::Gap`), and so does a log that is no longer the one the state consumed: the consumer
-//! delivering an offset below where it stood (librdkafka reset a position the log no longer
-//! has: `Error::Rewound`), or the last record consumed reading back different (its fingerprint,
-//! see `PartitionTask::check_redelivered`).
+//! (`Error::Gap`), and so does a log that is no longer the one the state consumed: the last
+//! record consumed reading back different (its fingerprint, see
+//! `PartitionTask::check_redelivered`).
 //!
 //! Metrics, health and readiness (`telemetry`) are recorded by this loop and served on
 //! `telemetry.listen` when it is set.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -86,20 +85,6 @@ pub enum Error {
         /// What the broker says of the missing offsets (see `explain_gap`).
         why: String,
     },
-    #[error(
-        "{topic} partition {partition}: the consumer delivered offset {got} where it stood at \
-         {floor}, with no rebalance in between: the log no longer holds what this partition \
-         consumed (the topic was deleted and created again, or the broker lost records it had \
-         acknowledged), and the consumer started over from its beginning; the state belongs to \
-         the old log, so nothing on this one is decided (see the README, \"Replaced input \
-         logs\")"
-    )]
-    Rewound {
-        topic: String,
-        partition: i32,
-        floor: i64,
-        got: i64,
-    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -124,10 +109,6 @@ struct Shared {
     /// Counts rebalances: records polled before one are dropped (the consumer was positioned
     /// again at the stored offsets).
     generation: u64,
-    /// Per owned input partition, the lowest offset the consumer may deliver next: where the
-    /// claim positioned it, then one past each record polled. librdkafka goes below it only
-    /// when it resets a position the log no longer has (`Error::Rewound`).
-    floors: HashMap<(Source, i32), i64>,
 }
 
 struct Ctx {
@@ -200,7 +181,6 @@ impl ConsumerContext for Ctx {
                     shared.fatal.get_or_insert(e);
                     // Own nothing rather than something half-claimed.
                     shared.tasks.clear();
-                    shared.floors.clear();
                     self.telemetry.assigned(&BTreeSet::new());
                     if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
                         log::error!("releasing the assignment: {e}");
@@ -212,7 +192,6 @@ impl ConsumerContext for Ctx {
                 log::info!("partitions {revoked:?} revoked: their tasks stop");
                 // Dropping a task drops its unsealed batch: nothing more leaves it.
                 shared.tasks.clear();
-                shared.floors.clear();
                 self.telemetry.assigned(&BTreeSet::new());
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
@@ -221,7 +200,6 @@ impl ConsumerContext for Ctx {
             other => {
                 log::error!("rebalance error {other:?}: dropping every task");
                 shared.tasks.clear();
-                shared.floors.clear();
                 self.telemetry.assigned(&BTreeSet::new());
                 if let Err(e) = consumer.unassign() {
                     log::error!("unassigning: {e}");
@@ -256,7 +234,6 @@ impl Ctx {
             }
         }
         shared.tasks.clear();
-        shared.floors.clear();
         self.telemetry
             .assigned(&by_partition.keys().copied().collect());
         let mut assignment = TopicPartitionList::new();
@@ -281,16 +258,15 @@ impl Ctx {
                 report.fenced_rows,
                 report.rewritten,
             );
-            for (topic, source) in self.inputs.iter().zip(Source::ALL) {
+            for topic in &self.inputs {
                 // Fetching from an offset inside a produced batch can return the next batch on
                 // tansu 0.6 (records silently skipped), so the fetch starts up to REWIND
                 // records earlier and the task drops what it already consumed.
-                let (offset, floor) = match task.stored_offset(topic)? {
-                    Some(o) if o > REWIND => (Offset::Offset(o - REWIND), o - REWIND),
-                    _ => (Offset::Beginning, 0),
+                let offset = match task.stored_offset(topic)? {
+                    Some(o) if o > REWIND => Offset::Offset(o - REWIND),
+                    _ => Offset::Beginning,
                 };
                 assignment.add_partition_offset(topic, p, offset)?;
-                shared.floors.insert((source, p), floor);
             }
             shared.tasks.insert(p, task);
         }
@@ -560,7 +536,6 @@ fn run_loop(
         fatal: None,
         claims: 0,
         generation: 0,
-        floors: HashMap::new(),
     }));
     let ctx = Ctx {
         shared: shared.clone(),
@@ -641,20 +616,6 @@ fn run_loop(
                 if guard.generation != generation {
                     generation = guard.generation;
                     intake.clear();
-                }
-                if let Ok(m) = &polled
-                    && let Some(&source) = sources.get(m.topic())
-                    && let Some(floor) = guard.floors.get_mut(&(source, m.partition()))
-                {
-                    if m.offset() < *floor {
-                        return Err(Error::Rewound {
-                            topic: m.topic().to_owned(),
-                            partition: m.partition(),
-                            floor: *floor,
-                            got: m.offset(),
-                        });
-                    }
-                    *floor = m.offset() + 1;
                 }
             }
             match polled {
@@ -826,105 +787,9 @@ fn run_loop(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use rdkafka::error::KafkaError;
-    use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-
-    use crate::runtime::wire::BARRIER_KEY;
-    use crate::sample;
-
-    /// A mock cluster holding every topic of `names` (one partition), and `barriers` records on
-    /// the proposals topic: consumed by the processor, neither decided nor dead-lettered.
-    fn cluster_with(
-        names: &Names,
-        core: &Core,
-        barriers: i64,
-    ) -> MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
-        let cluster = MockCluster::new(1).expect("librdkafka's mock cluster starts");
-        for spec in names.plan(core.registry().tools().map(|t| t.connector.as_str())) {
-            cluster.create_topic(&spec.name, 1, 1).unwrap();
-        }
-        let producer: BaseProducer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .create()
-            .unwrap();
-        let topic = names.proposals();
-        for _ in 0..barriers {
-            let record: BaseRecord<'_, [u8], [u8]> =
-                BaseRecord::to(&topic).key(BARRIER_KEY).partition(0);
-            producer.send(record).map_err(|(e, _)| e).unwrap();
-            producer.poll(Duration::ZERO);
-        }
-        producer.flush(Duration::from_secs(30)).unwrap();
-        cluster
-    }
-
-    /// Runs one instance on `cluster` until `done` holds of its telemetry (then stops it
-    /// gracefully) or it fails; bounded.
-    fn run_on(
-        cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-        state: &std::path::Path,
-        core: &Arc<Core>,
-        done: impl Fn(&Telemetry) -> bool,
-    ) -> Result<Summary> {
-        let mut config = Config::default();
-        config.kafka.brokers = cluster.bootstrap_servers();
-        config.topics.prefix = "t.".to_owned();
-        config.topics.partitions = 1;
-        config.state.dir = state.to_owned();
-        config.state.sync = false;
-        config.processor.session_timeout_ms = 6_000;
-        let telemetry = Arc::new(Telemetry::new(Duration::from_secs(60)));
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let (flag, recorder, core) = (shutdown.clone(), telemetry.clone(), core.clone());
-        let handle = std::thread::spawn(move || run_with(&config, core, flag, recorder));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !handle.is_finished() && !done(&telemetry) {
-            assert!(
-                Instant::now() < deadline,
-                "the instance neither finished nor failed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        shutdown.store(true, Ordering::Relaxed);
-        handle.join().unwrap()
-    }
-
-    /// An instance whose stored position is past the end of its input log (the topic was
-    /// created again: here, the same topics on another cluster, the state kept) is reset by
-    /// librdkafka to the log's start, below where the claim positioned it: the batch loop
-    /// stops instead of taking the new log's records for ones already consumed. (tansu 0.6
-    /// answers such a fetch with no records, not OFFSET_OUT_OF_RANGE; librdkafka's mock
-    /// cluster answers as Kafka does.)
-    #[test]
-    fn a_consumer_reset_below_its_position_stops_the_instance() {
-        let state = tempfile::tempdir().unwrap();
-        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
-        let names = Names::new("t.");
-        let consumed = REWIND + 100;
-        let first = cluster_with(&names, &core, consumed);
-        let proposals_read = |t: &Telemetry| t.producer_time.get(&["proposal"]) >= consumed as u64;
-        run_on(&first, state.path(), &core, proposals_read).unwrap();
-        drop(first);
-
-        let second = cluster_with(&names, &core, 10);
-        let err = run_on(&second, state.path(), &core, |_| false).unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                Error::Rewound { topic, partition: 0, floor: 100, got: 0 } if *topic == names.proposals()
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains("the log no longer holds what this partition consumed"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn a_gap_names_retention_when_the_log_starts_past_it() {
