@@ -127,7 +127,8 @@ fn decide_partition(
         };
         match task.position_of(topic, message.offset())? {
             Position::Next => {}
-            Position::AlreadyConsumed => {
+            Position::AlreadyConsumed { last: false } => continue,
+            Position::AlreadyConsumed { last: true } => {
                 task.check_redelivered(topic, message.offset(), || fingerprint(message))?;
                 continue;
             }

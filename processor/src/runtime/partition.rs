@@ -78,7 +78,7 @@ pub const META_CHANGELOG_NEXT: &[u8] = b"local/changelog_next";
 pub const META_OWNER_EPOCH: &[u8] = b"owner_epoch";
 
 /// Which input topic a record came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     Proposals,
     Approvals,
@@ -186,8 +186,9 @@ pub struct InputRecord<'a> {
 pub enum Position {
     /// The record to decide now (or the first of its partition).
     Next,
-    /// A redelivery of a record whose effects are already in the state.
-    AlreadyConsumed,
+    /// A redelivery of a record whose effects are already in the state; `last` when it is the
+    /// last one consumed (the one whose fingerprint the offset row may keep).
+    AlreadyConsumed { last: bool },
     /// Records between `expected` and this one were never delivered.
     Gap { expected: i64 },
 }
@@ -303,7 +304,9 @@ impl PartitionTask {
             None => self.stored_offset(topic)?,
         };
         Ok(match next {
-            Some(next) if offset < next => Position::AlreadyConsumed,
+            Some(next) if offset < next => Position::AlreadyConsumed {
+                last: offset == next - 1,
+            },
             // Input topics are not compacted: a later offset means records were skipped.
             Some(next) if offset > next => Position::Gap { expected: next },
             _ => Position::Next,
@@ -313,7 +316,10 @@ impl PartitionTask {
     /// True when `offset` of `topic` is below the next offset to consume: a redelivery of a
     /// record whose effects are already in the state (it must not be decided twice).
     pub fn already_consumed(&self, topic: &str, offset: i64) -> Result<bool> {
-        Ok(self.position_of(topic, offset)? == Position::AlreadyConsumed)
+        Ok(matches!(
+            self.position_of(topic, offset)?,
+            Position::AlreadyConsumed { .. }
+        ))
     }
 
     /// Keeps, with the offset row of `topic`, the fingerprint of the record at `offset`: the
@@ -330,9 +336,10 @@ impl PartitionTask {
             .stage_raw(Table::Offset, topic.as_bytes(), Some(tail.encode()));
     }
 
-    /// Checks a redelivered record of `topic` (below the next offset to consume): when it is
-    /// the last record the state consumed and its fingerprint is known, `fingerprint` (of the
-    /// record at hand) must match it. A mismatch means the log is no longer the one the state
+    /// Checks a redelivered record of `topic` (below the next offset to consume; the caller
+    /// asks only for the last one consumed, `Position::AlreadyConsumed { last: true }`): when
+    /// the offset row keeps its fingerprint, `fingerprint` (of the record at hand) must match
+    /// it. A mismatch means the log is no longer the one the state
     /// was built from (a topic deleted and created again, records lost and written anew): the
     /// records from here on would be taken for ones already decided, so the task refuses.
     pub fn check_redelivered(
