@@ -63,7 +63,7 @@ async fn one_proposal_is_one_trace_across_processor_and_connector() -> anyhow::R
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    opentelemetry::global::set_tracer_provider(provider.clone());
+    airlock_processor::telemetry::trace::install(provider.clone());
 
     let keys = Keys::generate()?;
     let a = Airlock::start_with(

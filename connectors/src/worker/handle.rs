@@ -94,14 +94,16 @@ impl Handler {
     ) -> Result<Handled> {
         let source = record.source;
         let cx = trace::consume(
-            format!("handle {} command", self.reporter.connector),
+            format_args!("handle {} command", self.reporter.connector),
             source.topic,
             source.partition,
             source.offset,
-            [
-                KeyValue::new("airlock.connector", self.reporter.connector.clone()),
-                KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
-            ],
+            || {
+                [
+                    KeyValue::new("airlock.connector", self.reporter.connector.clone()),
+                    KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
+                ]
+            },
             record.parent,
         );
         // The command's own name, key and epoch, once it is known.

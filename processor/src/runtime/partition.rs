@@ -405,11 +405,11 @@ impl PartitionTask {
         self.counters.inputs += 1;
         self.observed.inputs.push(rec.source);
         let cx = trace::consume(
-            format!("decide {}", source_label(rec.source)),
+            format_args!("decide {}", source_label(rec.source)),
             rec.topic,
             self.partition(),
             rec.offset,
-            [],
+            Vec::new,
             parent,
         );
         self.trace_headers = trace::inject(&cx);
@@ -417,7 +417,8 @@ impl PartitionTask {
             Ok(input) => match self.task.handle(&input, rec.timestamp) {
                 Ok(effects) => {
                     let span = cx.span();
-                    if let Some(key) = input.operation_key() {
+                    // The key is copied only for a span that keeps it (a provider installed).
+                    if let Some(key) = input.operation_key().filter(|_| span.is_recording()) {
                         span.set_attribute(KeyValue::new("airlock.operation_key", key.to_owned()));
                     }
                     if let Some(d) = effects.decisions.first() {

@@ -13,6 +13,7 @@
 //! its outputs a new `traceparent` (the header is not part of any record's identity).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
@@ -36,22 +37,46 @@ pub struct Error {
     pub message: String,
 }
 
+/// Whether [`install`] put a provider in place. Without one every span would be a no-op, so
+/// [`consume`] skips making them (their name, attributes and the global tracer lookup were
+/// ≈ 1.5% of the processor's samples in a `perf` profile of `airlock-bench-runtime`) and
+/// hands on the parent's context, which is what a no-op span carries too. A provider set
+/// with `opentelemetry::global::set_tracer_provider` directly is not seen: use [`install`].
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
 /// The tracer every Airlock span is made with.
 pub fn tracer() -> global::BoxedTracer {
     global::tracer(SCOPE)
 }
 
+/// Makes `provider` the global tracer provider that Airlock's spans are made with (what
+/// [`init`] does with its exporter; tests pass one that keeps spans in memory).
+pub fn install(provider: SdkTracerProvider) {
+    global::set_tracer_provider(provider);
+    INSTALLED.store(true, Ordering::Release);
+}
+
+/// True when spans are recorded somewhere (a provider was [`install`]ed).
+pub fn enabled() -> bool {
+    INSTALLED.load(Ordering::Acquire)
+}
+
 /// Starts the span of handling one consumed record, a child of `parent` (the context the
 /// record's headers carry), with OpenTelemetry's messaging attributes for Kafka and `extra`;
-/// returns the context holding it (end it with `cx.span().end()`).
-pub fn consume(
-    name: String,
+/// returns the context holding it (end it with `cx.span().end()`). `name` and `extra` are
+/// only evaluated when a provider is installed; without one the parent's context is returned
+/// as it is, so its trace still reaches the records this one causes.
+pub fn consume<E: IntoIterator<Item = KeyValue>>(
+    name: std::fmt::Arguments<'_>,
     topic: &str,
     partition: i32,
     offset: i64,
-    extra: impl IntoIterator<Item = KeyValue>,
+    extra: impl FnOnce() -> E,
     parent: &Context,
 ) -> Context {
+    if !enabled() {
+        return parent.clone();
+    }
     let tracer = tracer();
     let mut attributes = vec![
         KeyValue::new("messaging.system", "kafka"),
@@ -59,9 +84,9 @@ pub fn consume(
         KeyValue::new("messaging.destination.partition.id", partition.to_string()),
         KeyValue::new("messaging.kafka.offset", offset),
     ];
-    attributes.extend(extra);
+    attributes.extend(extra());
     let span = tracer
-        .span_builder(name)
+        .span_builder(name.to_string())
         .with_kind(SpanKind::Consumer)
         .with_attributes(attributes)
         .start_with_context(&tracer, parent);
@@ -176,7 +201,7 @@ pub fn init(service: &str, endpoint: &str) -> Result<Option<Export>, Error> {
                 .build(),
         )
         .build();
-    global::set_tracer_provider(provider.clone());
+    install(provider.clone());
     log::info!("exporting traces of {service} over OTLP/HTTP to {shown}");
     Ok(Some(Export { provider }))
 }
@@ -216,6 +241,27 @@ mod tests {
             assert!(inject(&cx).is_empty());
         }
         assert!(inject(&extract([])).is_empty());
+    }
+
+    #[test]
+    fn without_a_provider_a_consumed_record_hands_on_its_parents_trace() {
+        // No test of this binary installs a provider.
+        assert!(!enabled());
+        let parent = extract([(TRACEPARENT, PARENT.as_bytes())]);
+        let cx = consume(
+            format_args!("decide proposal"),
+            "t",
+            0,
+            7,
+            || -> Vec<KeyValue> { unreachable!("attributes are not built without a provider") },
+            &parent,
+        );
+        assert_eq!(
+            inject(&cx),
+            vec![(TRACEPARENT.to_owned(), PARENT.as_bytes().to_vec())]
+        );
+        let orphan = consume(format_args!("x"), "t", 0, 8, Vec::new, &Context::new());
+        assert!(inject(&orphan).is_empty());
     }
 
     #[test]
