@@ -12,7 +12,7 @@ use airlock_schemas::{Codec, JournalEvent, JournalKind, Receipt};
 
 use crate::core::{self, Core, Effects, Input, TaskContext};
 use crate::receipt;
-use crate::store::{self, Store, keys::Table};
+use crate::store::{self, Store, WalSync, keys::Table};
 
 /// Errors of a task: the core or the store failed. Input never causes one.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +199,15 @@ impl<S: Store> Task<S> {
         let partition = self.ctx.partition;
         self.store
             .commit()
+            .map_err(|source| Error::Store { partition, source })
+    }
+
+    /// [`commit`](Self::commit) with the fsync left to the returned [`WalSync`] where the
+    /// store defers it: nothing may leave that depends on the batch before it is synced.
+    pub fn commit_deferred(&mut self) -> Result<Option<WalSync>> {
+        let partition = self.ctx.partition;
+        self.store
+            .commit_deferred()
             .map_err(|source| Error::Store { partition, source })
     }
 

@@ -422,11 +422,15 @@ fn pass_through(
         assignment.add_partition_offset(&names.proposals(), p, Offset::Beginning)?;
     }
     consumer.assign(&assignment)?;
-    let producer = Producer::new(&config.client_config(), config.processor.linger_ms)?;
+    let producer = Arc::new(Producer::new(
+        &config.client_config(),
+        config.processor.linger_ms,
+    )?);
     let out_topic = format!("{}passthrough", config.topics.prefix);
     let mut consumed = 0usize;
     let mut owed = 0.0f64;
-    let mut flights = Flights::default();
+    // Sent on a sender thread, as the processor's are (without a store to sync).
+    let mut flights = Flights::with_sender(producer.clone())?;
     let mut row = 0u64;
     let mut started = None;
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -475,7 +479,11 @@ fn pass_through(
             }
         }
         if !out.is_empty() {
-            flights.send(&producer, vec![(0, Outbox { row, records: out })])?;
+            flights.send(
+                &producer,
+                vec![(0, Outbox { row, records: out })],
+                Vec::new(),
+            )?;
             row += 1;
         }
         flights.advance(&producer, config.batch.max_in_flight)?;

@@ -155,8 +155,8 @@ pub struct Processor {
     pub linger_ms: u64,
     /// Threads that decide and seal a batch's partitions side by side, the polling one
     /// included; one partition is only ever on one thread, and no more threads run than
-    /// partitions have records. More than the CPU count still helps while commits wait for
-    /// their fsync. 1 = everything on the polling thread.
+    /// partitions have records. 1 = everything on the polling thread. (The commits' fsyncs
+    /// run on the sender thread, off these threads.)
     pub threads: usize,
 }
 
@@ -220,7 +220,8 @@ impl Default for Topics {
 pub struct State {
     /// One RocksDB directory per partition task below this directory.
     pub dir: PathBuf,
-    /// fsync each batch's WriteBatch: survives power loss, not only process crashes.
+    /// fsync each batch's WriteBatch before its outputs leave: survives power loss, not only
+    /// process crashes. The fsync runs on the sender thread while the next batch is decided.
     pub sync: bool,
 }
 

@@ -5,7 +5,8 @@
 //! A partition's work never leaves one thread, so its decisions, journal sequence and outbox
 //! order are exactly those of a single-threaded run; only different partitions overlap. That
 //! is where the time goes on a busy instance: deciding (Cedar, JSON, Avro) and the RocksDB
-//! commit, including its fsync, are per partition and share nothing but the `Core`.
+//! commit are per partition and share nothing but the `Core`. The commit's fsync is not
+//! waited for here: each seal hands it on with its outbox (see [`flight`](super::flight)).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ use super::partition::{self, Fingerprint, InputRecord, PartitionTask, Position, 
 use super::run::{Error, Result};
 use super::telemetry::Observed;
 use super::wire::Outbox;
+use crate::store::WalSync;
 use crate::telemetry::trace;
 
 /// What a batch asks of every task besides its records.
@@ -38,8 +40,11 @@ pub struct Decided {
     pub partition: i32,
     /// Input records decided or dead-lettered (redeliveries of consumed ones not counted).
     pub handled: usize,
-    /// What `seal` made durable, in outbox order: to be produced.
+    /// What `seal_deferred` committed, in outbox order: to be produced once `unsynced` (if
+    /// any) has made it durable.
     pub sealed: Outbox,
+    /// The fsync the seal left owing (see `PartitionTask::seal_deferred`).
+    pub unsynced: Option<WalSync>,
     pub observed: Observed,
 }
 
@@ -176,16 +181,17 @@ fn decide_partition(
     for (topic, message) in last {
         task.note_last_consumed(topic, message.offset(), fingerprint(message));
     }
-    // The messages go back to librdkafka before the commit's fsync.
+    // The messages go back to librdkafka before the commit.
     drop(records);
     task.fire_timers(settings.now, settings.timers_per_batch)?;
     task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
     task.sweep_if_due(settings.now, settings.changelog_sweep_ms);
-    let sealed = task.seal(settings.now)?;
+    let (sealed, unsynced) = task.seal_deferred(settings.now)?;
     Ok(Decided {
         partition,
         handled,
         sealed,
+        unsynced,
         observed: task.take_observed(),
     })
 }

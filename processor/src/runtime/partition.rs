@@ -22,7 +22,7 @@ use super::topics::Names;
 use super::wire::{self, OutRecord, Outbox, header};
 use crate::capability;
 use crate::core::{Core, Effects, Input, TaskContext, canonical};
-use crate::store::{self, RocksStore, Store, keys::Table};
+use crate::store::{self, RocksStore, Store, WalSync, keys::Table};
 use crate::task::{self, Task};
 use crate::telemetry::trace;
 
@@ -558,11 +558,25 @@ impl PartitionTask {
     }
 
     /// Turns the batch's state rows into changelog records, stages the outbox (one row), and
-    /// commits the whole batch in one `WriteBatch`. Returns the records to produce, in outbox
-    /// order (none when the batch staged nothing).
+    /// commits the whole batch in one `WriteBatch`, durably. Returns the records to produce, in
+    /// outbox order (none when the batch staged nothing).
     pub fn seal(&mut self, now: i64) -> Result<Outbox> {
+        let (outbox, deferred) = self.seal_with(now, false)?;
+        debug_assert!(deferred.is_none(), "a durable seal owes no fsync");
+        Ok(outbox)
+    }
+
+    /// [`seal`](Self::seal) with the commit's fsync left to the returned [`WalSync`] (when the
+    /// store syncs at all): the records may leave only after it returned. Later batches may be
+    /// decided meanwhile; they read this one's state, and a crash before the sync loses them
+    /// with it.
+    pub fn seal_deferred(&mut self, now: i64) -> Result<(Outbox, Option<WalSync>)> {
+        self.seal_with(now, true)
+    }
+
+    fn seal_with(&mut self, now: i64, deferred: bool) -> Result<(Outbox, Option<WalSync>)> {
         if !self.is_dirty() {
-            return Ok(Outbox::default());
+            return Ok((Outbox::default(), None));
         }
         let partition = self.partition();
         let owner_epoch = self.owner_epoch();
@@ -633,9 +647,14 @@ impl PartitionTask {
                 Some(self.next_outbox.to_be_bytes().to_vec()),
             );
         }
-        self.task.commit()?;
+        let sync = if deferred {
+            self.task.commit_deferred()?
+        } else {
+            self.task.commit()?;
+            None
+        };
         self.staged_offsets.clear();
-        Ok(Outbox { row, records })
+        Ok((Outbox { row, records }, sync))
     }
 
     /// Marks a sealed batch's outbox row done after the broker acknowledged its records;

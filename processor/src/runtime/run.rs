@@ -7,12 +7,14 @@
 //!    waits for the next, see [`intake`](super::intake));
 //! 2. each record goes to its partition's task (decide or dead-letter; offset staged);
 //! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
-//!    RocksDB `WriteBatch` with state, offsets and outbox. Steps 2 and 3 run the partitions
-//!    side by side on up to `processor.threads` threads ([`decide`](super::decide));
-//! 4. the outbox is produced: the batch's outputs at once, its changelog once they are
-//!    acknowledged, while the next batches are read and decided (at most
-//!    `batch.max_in_flight` batches wait; see [`flight`](super::flight)); entries whose
-//!    changelog is acknowledged are marked done with the next batch;
+//!    RocksDB `WriteBatch` with state, offsets and outbox, written without waiting for its
+//!    fsync. Steps 2 and 3 run the partitions side by side on up to `processor.threads`
+//!    threads ([`decide`](super::decide));
+//! 4. the outbox is produced: on the sender thread, the batch's write-ahead logs are fsynced
+//!    and then its outputs sent, its changelog once they are acknowledged, while the next
+//!    batches are read and decided (at most `batch.max_in_flight` batches wait; see
+//!    [`flight`](super::flight)); entries whose changelog is acknowledged are marked done with
+//!    the next batch;
 //! 5. the offsets are committed to the group, for lag monitoring only (at most once a
 //!    second, and on stopping).
 //!
@@ -45,7 +47,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::config::Config;
 use super::decide;
-use super::flight::{Done, Flights};
+use super::flight::{self, Done, Flights};
 use super::intake::Intake;
 use super::partition::{self, PartitionTask, Source};
 use super::produce::{self, Producer};
@@ -68,6 +70,8 @@ pub enum Error {
     Task(#[from] partition::Error),
     #[error(transparent)]
     Produce(#[from] produce::Error),
+    #[error(transparent)]
+    Flight(#[from] flight::Error),
     #[error(transparent)]
     Telemetry(#[from] server::Error),
     #[error("rebalance: {0}")]
@@ -375,7 +379,8 @@ fn send_closing_checkpoints(shared: &mut Shared, producer: &Producer, now: i64) 
     if sealed.is_empty() {
         return Ok(0);
     }
-    Ok(shared.flights.send(producer, sealed)?)
+    // Sealed durably: nothing to sync first.
+    Ok(shared.flights.send(producer, sealed, Vec::new())?)
 }
 
 /// How far before its stored offset a task's fetch starts (see `Ctx::assign`).
@@ -532,7 +537,7 @@ fn run_loop(
     });
     let shared = Arc::new(Mutex::new(Shared {
         tasks: BTreeMap::new(),
-        flights: Flights::default(),
+        flights: Flights::with_sender(producer.clone())?,
         fatal: None,
         claims: 0,
         generation: 0,
@@ -655,6 +660,7 @@ fn run_loop(
         let t_decided = Instant::now();
         let now = wall_ms();
         let mut out = Vec::new();
+        let mut unsynced = Vec::new();
         let mut observed = Vec::new();
         let mut handled = 0;
         {
@@ -694,6 +700,9 @@ fn run_loop(
                         .outbox_backlog
                         .set(&[&d.partition.to_string()], d.sealed.records.len() as f64);
                     out.push((d.partition, d.sealed));
+                    // A seal without records owes no sync of its own: the next one that has
+                    // records syncs the same log, this write included.
+                    unsynced.extend(d.unsynced);
                 }
             }
         }
@@ -703,7 +712,7 @@ fn run_loop(
         {
             let mut guard = lock(&shared);
             if !out.is_empty() {
-                let records = guard.flights.send(&producer, out)?;
+                let records = guard.flights.send(&producer, out, unsynced)?;
                 summary.produced += records as u64;
                 telemetry.produced.add(&[], records as u64);
             }

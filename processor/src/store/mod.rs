@@ -29,7 +29,7 @@ use crate::core::{
 use keys::Table;
 
 pub use memory::MemoryBackend;
-pub use rocks::{RocksBackend, RocksOptions};
+pub use rocks::{RocksBackend, RocksOptions, WalSync};
 
 /// Errors of the store. Each names what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +57,9 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Called by [`Backend::visit`] with each entry's key and value, borrowed.
+/// One atomic write: puts (`Some`) and deletes (`None`), in key order.
+type Rows = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
 
 /// Byte-level storage: committed reads and one atomic write of a whole batch.
@@ -76,6 +79,14 @@ pub trait Backend {
     }
     /// Applies every put (`Some`) and delete (`None`) atomically and durably.
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()>;
+    /// Applies the batch atomically; durably too, unless it returns the [`WalSync`] that makes
+    /// it durable. Later reads see the batch either way.
+    fn write_batch_deferred(
+        &mut self,
+        batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<Option<WalSync>> {
+        self.write_batch(batch).map(|()| None)
+    }
 }
 
 /// What the runtime needs from a store, whatever the backend.
@@ -93,6 +104,12 @@ pub trait Store: StateView {
     fn get_raw(&self, table: Table, id: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Makes everything staged durable in one atomic write.
     fn commit(&mut self) -> Result<()>;
+    /// [`commit`](Store::commit), except that the fsync may be left to the returned
+    /// [`WalSync`]: nothing that depends on the batch being durable (its outbox, above all)
+    /// may leave before that sync returned.
+    fn commit_deferred(&mut self) -> Result<Option<WalSync>> {
+        self.commit().map(|()| None)
+    }
     /// Drops everything staged since the last commit (a crash, in tests).
     fn discard(&mut self);
     /// Timers due at or before `now`, earliest first.
@@ -261,6 +278,22 @@ impl<B: Backend> StateStore<B> {
 }
 
 impl<B: Backend> StateStore<B> {
+    /// Everything staged, with the projection hash when it changed, as one write; the read
+    /// cache is dropped with it. `None` when nothing was staged.
+    fn take_batch(&mut self) -> Option<Rows> {
+        if self.staged.is_empty() {
+            return None;
+        }
+        if self.projection != self.committed_projection {
+            self.staged.insert(
+                Table::Meta.key(META_PROJECTION),
+                Some(self.projection.to_vec()),
+            );
+        }
+        self.read_cache.get_mut().clear();
+        Some(std::mem::take(&mut self.staged).into_iter().collect())
+    }
+
     /// Stages one write's row, given as its record's JSON (`None` to delete; see
     /// [`Write::record_json`]), framed with its timer, moving the timer and keeping the
     /// projection hash in step. Both `apply` paths come here, so a row has one byte format.
@@ -327,20 +360,21 @@ impl<B: Backend> Store for StateStore<B> {
     }
 
     fn commit(&mut self) -> Result<()> {
-        if self.staged.is_empty() {
+        let Some(batch) = self.take_batch() else {
             return Ok(());
-        }
-        if self.projection != self.committed_projection {
-            self.staged.insert(
-                Table::Meta.key(META_PROJECTION),
-                Some(self.projection.to_vec()),
-            );
-        }
-        let batch = std::mem::take(&mut self.staged).into_iter().collect();
-        self.read_cache.get_mut().clear();
+        };
         self.backend.write_batch(batch)?;
         self.committed_projection = self.projection;
         Ok(())
+    }
+
+    fn commit_deferred(&mut self) -> Result<Option<WalSync>> {
+        let Some(batch) = self.take_batch() else {
+            return Ok(None);
+        };
+        let sync = self.backend.write_batch_deferred(batch)?;
+        self.committed_projection = self.projection;
+        Ok(sync)
     }
 
     fn discard(&mut self) {

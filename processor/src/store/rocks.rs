@@ -1,6 +1,7 @@
 //! The RocksDB [`Backend`]: one database per task directory, one `WriteBatch` per commit.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rocksdb::{BlockBasedOptions, DB, Options, ReadOptions, WriteBatch, WriteOptions};
 
@@ -21,9 +22,14 @@ impl Default for RocksOptions {
 }
 
 pub struct RocksBackend {
-    db: DB,
+    /// Shared with the [`WalSync`]s of deferred commits; the database closes with the last.
+    db: Arc<DB>,
     path: PathBuf,
+    /// `sync` as configured (`RocksOptions::sync`).
     write_options: WriteOptions,
+    /// Without fsync, for a commit whose fsync is deferred to a [`WalSync`].
+    unsynced: WriteOptions,
+    sync: bool,
     /// Point reads' options, made once: `DB::get` would create and free a C `ReadOptions`
     /// object on every read.
     read_options: ReadOptions,
@@ -57,10 +63,14 @@ impl RocksBackend {
         })?;
         let mut write_options = WriteOptions::default();
         write_options.set_sync(options.sync);
+        let mut unsynced = WriteOptions::default();
+        unsynced.set_sync(false);
         Ok(RocksBackend {
-            db,
+            db: Arc::new(db),
             path: path.to_owned(),
             write_options,
+            unsynced,
+            sync: options.sync,
             read_options: ReadOptions::default(),
         })
     }
@@ -99,23 +109,107 @@ impl Backend for RocksBackend {
     }
 
     fn write_batch(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
-        // Sized up front: a batch carries its outbox row (hundreds of KB), and growing the
-        // batch's buffer by doubling copied it several times over into freshly faulted pages.
-        // 12 bytes of header; per entry a tag and two varint32 lengths of at most 5 bytes.
-        let bytes = 12
-            + batch
-                .iter()
-                .map(|(k, v)| 11 + k.len() + v.as_ref().map_or(0, Vec::len))
-                .sum::<usize>();
-        let mut wb = WriteBatch::with_capacity_bytes(bytes);
-        for (k, v) in batch {
-            match v {
-                Some(v) => wb.put(k, v),
-                None => wb.delete(k),
-            }
+        self.db
+            .write_opt(write_batch_of(batch), &self.write_options)
+            .map_err(|e| self.err(e))
+    }
+
+    /// With `sync` on, writes without the fsync and returns the [`WalSync`] that does it: the
+    /// caller fsyncs off its own thread and lets nothing depend on the batch before that. With
+    /// `sync` off there is nothing to defer.
+    fn write_batch_deferred(
+        &mut self,
+        batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<Option<WalSync>> {
+        if !self.sync {
+            self.write_batch(batch)?;
+            return Ok(None);
         }
         self.db
-            .write_opt(wb, &self.write_options)
-            .map_err(|e| self.err(e))
+            .write_opt(write_batch_of(batch), &self.unsynced)
+            .map_err(|e| self.err(e))?;
+        Ok(Some(WalSync {
+            db: self.db.clone(),
+            path: self.path.clone(),
+        }))
+    }
+}
+
+/// One RocksDB `WriteBatch` of puts (`Some`) and deletes (`None`).
+fn write_batch_of(batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> WriteBatch {
+    // Sized up front: a batch carries its outbox row (hundreds of KB), and growing the
+    // batch's buffer by doubling copied it several times over into freshly faulted pages.
+    // 12 bytes of header; per entry a tag and two varint32 lengths of at most 5 bytes.
+    let bytes = 12
+        + batch
+            .iter()
+            .map(|(k, v)| 11 + k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum::<usize>();
+    let mut wb = WriteBatch::with_capacity_bytes(bytes);
+    for (k, v) in batch {
+        match v {
+            Some(v) => wb.put(k, v),
+            None => wb.delete(k),
+        }
+    }
+    wb
+}
+
+/// The fsync a deferred commit still owes (`Backend::write_batch_deferred`): makes every write
+/// of the store so far durable, from any thread. RocksDB's write-ahead log is one sequence, so
+/// syncing it covers the deferred batch and everything before it; a crash before the sync
+/// loses at most a suffix of the batches (recovery keeps a prefix), never one batch without
+/// the batches it read.
+///
+/// Holds the database open: drop it before the store's directory is opened again.
+#[derive(Clone)]
+pub struct WalSync {
+    db: Arc<DB>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for WalSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSync")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WalSync {
+    /// fsyncs the write-ahead log (`DB::flush_wal(true)`, RocksDB's `SyncWAL`: every log file
+    /// not yet synced, the current one included).
+    pub fn sync(&self) -> Result<()> {
+        self.db.flush_wal(true).map_err(|source| Error::Rocks {
+            path: self.path.display().to_string(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A deferred write is read back at once; only a syncing store leaves an fsync owing, and
+    /// the data is there after that sync and a reopen.
+    #[test]
+    fn a_deferred_write_owes_its_fsync_only_where_the_store_syncs() {
+        for sync in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = RocksBackend::open(dir.path(), &RocksOptions { sync }).unwrap();
+            let owed = store
+                .write_batch_deferred(vec![(b"k".to_vec(), Some(b"v".to_vec()))])
+                .unwrap();
+            assert_eq!(owed.is_some(), sync, "sync {sync}");
+            assert_eq!(store.get(b"k").unwrap(), Some(b"v".to_vec()));
+            if let Some(owed) = owed {
+                owed.sync().unwrap();
+            }
+            drop(store);
+            let store = RocksBackend::open(dir.path(), &RocksOptions { sync }).unwrap();
+            assert_eq!(store.get(b"k").unwrap(), Some(b"v".to_vec()));
+        }
     }
 }
