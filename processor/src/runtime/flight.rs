@@ -69,6 +69,16 @@ struct Job {
     changelog: Vec<OutRecord>,
 }
 
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("unsynced", &self.unsynced.len())
+            .field("outputs", &self.outputs.len())
+            .field("changelog", &self.changelog.len())
+            .finish()
+    }
+}
+
 impl Job {
     /// The job of `sealed` (phase-0 outputs apart from the phase-1 changelog) and its record
     /// count.
@@ -141,16 +151,6 @@ struct Sender {
     /// Jobs handed over whose batch has not come back yet.
     queued: usize,
     thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job")
-            .field("unsynced", &self.unsynced.len())
-            .field("outputs", &self.outputs.len())
-            .field("changelog", &self.changelog.len())
-            .finish()
-    }
 }
 
 impl Sender {
