@@ -3,8 +3,9 @@
 //!
 //! 1. **pass-through**: a consumer assigned every proposals partition (no group: a join or
 //!    rebalance inside its clock made it swing 3× between runs) that reads the proposals and,
-//!    per batch (same size and flush interval), produces as many records per input as the processor does, with
-//!    the same producer (idempotent, acks=all, lz4) and the same number of batches in flight
+//!    per batch (same size, `batch.max_records` per partition, and flush interval), produces
+//!    as many records per input as the processor does, with the same producer (idempotent,
+//!    acks=all, lz4) and the same number of batches in flight
 //!    (`batch.max_in_flight`), waiting for the acknowledgements as the processor does;
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
 //! 3. **processor, duplicates**: the same N proposals again (producer resends);
@@ -440,9 +441,11 @@ fn pass_through(
             "pass-through stalled at {consumed}"
         );
         let mut batch = Vec::new();
-        // Closed as the processor closes its batches (`Batch::poll_timeout`).
+        // Closed as the processor closes its batches (`Batch::poll_timeout`), and as large:
+        // the processor takes up to `batch.max_records` of every partition.
+        let max_records = config.batch.max_records * config.topics.partitions.max(1) as usize;
         let mut first: Option<Instant> = None;
-        while batch.len() < config.batch.max_records {
+        while batch.len() < max_records {
             let Some(timeout) = config.batch.poll_timeout(first) else {
                 break;
             };
