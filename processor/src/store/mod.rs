@@ -56,10 +56,10 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Called by [`Backend::visit`] with each entry's key and value, borrowed.
 /// One atomic write: puts (`Some`) and deletes (`None`), in key order.
 type Rows = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
+/// Called by [`Backend::visit`] with each entry's key and value, borrowed.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
 
 /// Byte-level storage: committed reads and one atomic write of a whole batch.
