@@ -9,11 +9,11 @@
 //! 3. each task fires its due timers, journals a checkpoint when one is due, and seals: one
 //!    RocksDB `WriteBatch` with state, offsets and outbox, written without waiting for its
 //!    fsync. Steps 2 and 3 run the partitions side by side on up to `processor.threads`
-//!    threads ([`decide`](super::decide));
+//!    threads ([`decide`]);
 //! 4. the outbox is produced: on the sender thread, the batch's write-ahead logs are fsynced
 //!    and then its outputs sent, its changelog once they are acknowledged, while the next
 //!    batches are read and decided (at most `batch.max_in_flight` batches wait; see
-//!    [`flight`](super::flight)); entries whose changelog is acknowledged are marked done with
+//!    [`flight`]); entries whose changelog is acknowledged are marked done with
 //!    the next batch;
 //! 5. the offsets are committed to the group, for lag monitoring only (at most once a
 //!    second, and on stopping).

@@ -18,7 +18,8 @@
 //! which denies it. The context is built from the restricted-expression API, never Cedar's
 //! JSON parser, which reads objects keyed `__entity` or `__extn` as entity references or
 //! extension values and would let an agent smuggle an entity reference into the arguments.
-//! Only the arguments the tool's policies can read are converted (see [`context`]).
+//! Only the arguments the tool's policies can read are converted (see the private `context`
+//! module).
 //!
 //! Tiers: every `permit` that can apply to `invoke` must carry
 //! `@tier("auto")` (executes without a human) or `@tier("approval")` (needs
