@@ -9,7 +9,12 @@
 //! - `fresh-mem`: new operation keys over the in-memory store (isolates the core from RocksDB);
 //! - `fresh`: new operation keys (every proposal dispatches);
 //! - `resend`: the same proposal ids again (producer-side resends, answered from dedup state);
-//! - `retry`: new proposal ids for keys already in flight (full validation, IN_PROGRESS).
+//! - `retry`: new proposal ids for keys already in flight (full validation, IN_PROGRESS);
+//! - `task`: the fresh proposals again, on a store of their own, through the partition task of
+//!   `airlock run` (input record, decision, every output as an outbox record with its identity
+//!   headers, the changelog record of every changed row, one outbox row per batch, the fsync'd
+//!   commit, the acknowledgement): all the runtime does per record but the broker's, so its
+//!   ratio to `fresh` is what the Kafka shell adds to the core before its producer.
 //!
 //! Then the cost of each step alone, on the same proposals: canonical arguments, JSON Schema
 //! and invariants, Cedar, and the three state reads of a decision (proposal id, run, operation
@@ -21,7 +26,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_processor::core::{self, Input};
+use airlock_processor::core::{self, Core, Input};
+use airlock_processor::runtime::config::Config as RuntimeConfig;
+use airlock_processor::runtime::partition::{self, InputRecord, PartitionTask, Source};
+use airlock_processor::runtime::topics::Names;
 use airlock_processor::sample;
 use airlock_processor::store::rocks::RocksOptions;
 use airlock_processor::store::{RocksBackend, StateStore, Store};
@@ -120,7 +128,7 @@ fn main() -> anyhow::Result<()> {
         StateStore::open(backend)?,
         sample::task_context(0),
     )?;
-    let mut memory_task = sample::memory_task(core)?;
+    let mut memory_task = sample::memory_task(core.clone())?;
 
     let proposals: Vec<ToolProposal> = (0..args.proposals)
         .map(|i| {
@@ -203,11 +211,26 @@ fn main() -> anyhow::Result<()> {
     let fresh_phase = run(&mut task, &codec, args.batch, "fresh", &fresh)?;
     let resend_phase = run(&mut task, &codec, args.batch, "resend", &fresh)?;
     let retry_phase = run(&mut task, &codec, args.batch, "retry", &retries)?;
+    let (task_phase, sealed) = shell(core, &codec, &args, &proposals, &fresh)?;
 
     baseline.report(None);
-    for phase in [&fresh_memory, &fresh_phase, &resend_phase, &retry_phase] {
+    for phase in [
+        &fresh_memory,
+        &fresh_phase,
+        &resend_phase,
+        &retry_phase,
+        &task_phase,
+    ] {
         phase.report(Some(&baseline));
     }
+    println!(
+        "task: {:.2} output records and {} outbox bytes per proposal; rate ratio to fresh {:.3} \
+         (the shell's share of a record's time before the producer: {:.0}%)",
+        sealed.outputs as f64 / task_phase.count as f64,
+        sealed.outbox_bytes / task_phase.count.max(1),
+        task_phase.rate() / fresh_phase.rate(),
+        100.0 * (1.0 - task_phase.rate() / fresh_phase.rate()),
+    );
     components(&mut task, args.batch, &proposals)?;
     println!(
         "targets: fresh >= 50000/s: {}; duplicates (resend) >= 200000/s: {}",
@@ -215,6 +238,107 @@ fn main() -> anyhow::Result<()> {
         verdict(resend_phase.rate() >= 200_000.0)
     );
     Ok(())
+}
+
+/// What the `task` phase's batches sealed into the outbox.
+struct Sealed {
+    /// Output records (phase 0 and changelog records).
+    outputs: usize,
+    /// Their topics, keys, values and headers, in bytes (the outbox row's framing aside).
+    outbox_bytes: usize,
+}
+
+/// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
+/// proposals topic, through a [`PartitionTask`] over a RocksDB store of its own, batch by batch
+/// as `decide` runs one partition's share of a batch (records, timers, checkpoint, changelog
+/// sweep, the deferred seal) and as the sender then completes it (the fsync, then, once the
+/// broker would have acknowledged the outputs, the outbox row marked done, staged into the
+/// next batch). Returns the phase and what the batches sealed. Not inlined, so
+/// that callgrind can count it alone (`--toggle-collect='airlock_bench_core::shell'`).
+#[inline(never)]
+fn shell(
+    core: Arc<Core>,
+    codec: &Codec,
+    args: &Args,
+    proposals: &[ToolProposal],
+    payloads: &[Vec<u8>],
+) -> anyhow::Result<(Phase, Sealed)> {
+    let settings = RuntimeConfig::default().processor;
+    let dir = tempfile::tempdir().context("temporary directory for the task's RocksDB")?;
+    let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
+    let names = Names::new("bench.");
+    let topic = names.proposals();
+    let mut task = PartitionTask::new(
+        core,
+        StateStore::open(backend)?,
+        sample::task_context(0),
+        names,
+        codec.clone(),
+        1,
+    )?;
+    let mut phase = Phase::new("task");
+    let mut outputs = 0;
+    let mut outbox_bytes = 0;
+    let mut offset = 0i64;
+    let started = Instant::now();
+    for (chunk, payloads) in proposals
+        .chunks(args.batch)
+        .zip(payloads.chunks(args.batch))
+    {
+        let mut last = None;
+        for (p, payload) in chunk.iter().zip(payloads) {
+            let t = Instant::now();
+            let key = p.operation_key.as_bytes();
+            task.handle_record(&InputRecord {
+                source: Source::Proposals,
+                topic: &topic,
+                offset,
+                key: Some(key),
+                payload: Some(payload),
+                timestamp: p.proposed_at,
+            })?;
+            last = Some((offset, p.proposed_at, key, payload));
+            offset += 1;
+            phase.per_record.record(t.elapsed().as_nanos() as u64)?;
+        }
+        let t = Instant::now();
+        if let Some((offset, at, key, payload)) = last {
+            let print = partition::fingerprint(Some(at), Some(key), Some(payload));
+            task.note_last_consumed(&topic, offset, print);
+        }
+        task.fire_timers(T0, settings.timers_per_batch)?;
+        task.checkpoint_if_due(T0, settings.checkpoint_interval_ms as i64)?;
+        task.sweep_if_due(T0, settings.changelog_sweep_ms as i64);
+        let (sealed, unsynced) = task.seal_deferred(T0)?;
+        if let Some(sync) = unsynced {
+            sync.sync()?;
+        }
+        if !sealed.records.is_empty() {
+            outputs += sealed.records.len();
+            outbox_bytes += sealed
+                .records
+                .iter()
+                .map(|r| {
+                    let headers = r.headers.iter().map(|(k, v)| k.len() + v.len());
+                    r.topic.len()
+                        + r.key.as_ref().map_or(0, Vec::len)
+                        + r.value.as_ref().map_or(0, Vec::len)
+                        + headers.sum::<usize>()
+                })
+                .sum::<usize>();
+            task.acknowledged(sealed.row, None);
+        }
+        phase.per_commit.record(t.elapsed().as_nanos() as u64)?;
+        phase.count += chunk.len();
+    }
+    phase.elapsed = started.elapsed();
+    Ok((
+        phase,
+        Sealed {
+            outputs,
+            outbox_bytes,
+        },
+    ))
 }
 
 /// Where a fresh decision's time goes: the pure steps of the validation order, one at a time,

@@ -9,7 +9,8 @@
 //!    (`batch.max_in_flight`), waiting for the acknowledgements as the processor does;
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
 //! 3. **processor, duplicates**: the same N proposals again (producer resends);
-//! 4. **latency**: proposals produced at half the processor's fresh rate, on fresh topics and
+//! 4. **latency**: proposals produced at half the processor's fresh rate (or at
+//!    `--latency-rate`, to compare settings at one load), on fresh topics and
 //!    state; p50/p99 from produce to the decision being readable, next to the broker's own
 //!    share measured first in the same run: records at the same rate through one hop (produce
 //!    to readable, same producer and reader settings). The processor's path is two hops.
@@ -68,6 +69,11 @@ struct Args {
     /// Seconds of the half-load latency phase.
     #[arg(long, default_value_t = 10)]
     latency_seconds: u64,
+    /// Proposals per second of the latency phase (and of its broker hop) instead of half of
+    /// this run's fresh rate: a fixed load, so that runs comparing settings of the processor
+    /// compare their latency at the same rate and not at half of each one's own throughput.
+    #[arg(long)]
+    latency_rate: Option<f64>,
 }
 
 fn now_ms() -> i64 {
@@ -134,7 +140,7 @@ fn main() -> anyhow::Result<()> {
     }
     // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
     // phases above dispatched time out (no connector runs here) and must not fire meanwhile.
-    let rate = (fresh_run.rate / 2.0).max(100.0);
+    let rate = args.latency_rate.unwrap_or(fresh_run.rate / 2.0).max(100.0);
     let mut config = config.clone();
     config.topics.prefix = format!("bench-{:x}-latency.", now_ms());
     let latency_state = tempfile::tempdir()?;
