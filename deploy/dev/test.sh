@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing (idempotently), then
-# rustfmt, clippy with warnings denied, and every test of the workspace.
+# rustfmt, clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous
+# intra-doc links), and every test of the workspace.
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
@@ -32,6 +33,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc --no-deps (warnings denied)"
+RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps --locked
 
 step "cargo test"
 cargo test --workspace --locked

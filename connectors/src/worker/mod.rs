@@ -9,7 +9,7 @@
 //! - [`started`]: the attempts started per key (fence 2), rebuilt from the outcomes.
 //! - [`report`]: outcome and dead-letter records with deterministic identities.
 //! - [`handle`]: one command, start to finish.
-//! - [`run`]: the consumer group member, rebalances, the loop, graceful shutdown.
+//! - [`run`](mod@run): the consumer group member, rebalances, the loop, graceful shutdown.
 //! - [`telemetry`]: its metrics, liveness and readiness.
 
 pub mod check;
