@@ -72,6 +72,7 @@ struct Args {
     /// Proposals per second of the latency phase (and of its broker hop) instead of half of
     /// this run's fresh rate: a fixed load, so that runs comparing settings of the processor
     /// compare their latency at the same rate and not at half of each one's own throughput.
+    /// At least 100 (the floor the half rate has too).
     #[arg(long)]
     latency_rate: Option<f64>,
 }
@@ -84,6 +85,12 @@ fn now_ms() -> i64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(rate) = args.latency_rate {
+        anyhow::ensure!(
+            rate.is_finite() && rate >= 100.0,
+            "--latency-rate {rate}: must be at least 100 proposals per second"
+        );
+    }
     airlock_processor::runtime::logging::init("bench");
     // The processor's environment overrides apply (AIRLOCK_STATE_SYNC, AIRLOCK_BATCH_*, ...);
     // the arguments below win over them.
