@@ -30,6 +30,7 @@ use airlock_processor::core::{self, Core, Input};
 use airlock_processor::runtime::config::Config as RuntimeConfig;
 use airlock_processor::runtime::partition::{self, InputRecord, PartitionTask, Source};
 use airlock_processor::runtime::topics::Names;
+use airlock_processor::runtime::{decide, wire};
 use airlock_processor::sample;
 use airlock_processor::store::rocks::RocksOptions;
 use airlock_processor::store::{RocksBackend, StateStore, Store};
@@ -244,14 +245,14 @@ fn main() -> anyhow::Result<()> {
 struct Sealed {
     /// Output records (phase 0 and changelog records).
     outputs: usize,
-    /// Their topics, keys, values and headers, in bytes (the outbox row's framing aside).
+    /// The outbox rows they made, in bytes (`wire::outbox_row_len`).
     outbox_bytes: usize,
 }
 
 /// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
 /// proposals topic, through a [`PartitionTask`] over a RocksDB store of its own, batch by batch
-/// as `decide` runs one partition's share of a batch (records, timers, checkpoint, changelog
-/// sweep, the deferred seal) and as the sender then completes it (the fsync, then, once the
+/// as `decide` runs one partition's share of a batch (its records, then `decide::close`:
+/// timers, checkpoint, changelog sweep, the deferred seal) and as the sender then completes it (the fsync, then, once the
 /// broker would have acknowledged the outputs, the outbox row marked done, staged into the
 /// next batch). Returns the phase and what the batches sealed. Not inlined, so
 /// that callgrind can count it alone (`--toggle-collect='airlock_bench_core::shell'`).
@@ -263,7 +264,15 @@ fn shell(
     proposals: &[ToolProposal],
     payloads: &[Vec<u8>],
 ) -> anyhow::Result<(Phase, Sealed)> {
-    let settings = RuntimeConfig::default().processor;
+    let defaults = RuntimeConfig::default().processor;
+    // As `airlock run` closes a batch, at one fixed time: no attempt's timer falls due.
+    let settings = decide::Settings {
+        now: T0,
+        timers_per_batch: defaults.timers_per_batch,
+        checkpoint_every_ms: defaults.checkpoint_interval_ms as i64,
+        changelog_sweep_ms: defaults.changelog_sweep_ms as i64,
+        threads: 1,
+    };
     let dir = tempfile::tempdir().context("temporary directory for the task's RocksDB")?;
     let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
     let names = Names::new("bench.");
@@ -306,26 +315,13 @@ fn shell(
             let print = partition::fingerprint(Some(at), Some(key), Some(payload));
             task.note_last_consumed(&topic, offset, print);
         }
-        task.fire_timers(T0, settings.timers_per_batch)?;
-        task.checkpoint_if_due(T0, settings.checkpoint_interval_ms as i64)?;
-        task.sweep_if_due(T0, settings.changelog_sweep_ms as i64);
-        let (sealed, unsynced) = task.seal_deferred(T0)?;
+        let (sealed, unsynced) = decide::close(&mut task, settings)?;
         if let Some(sync) = unsynced {
             sync.sync()?;
         }
         if !sealed.records.is_empty() {
             outputs += sealed.records.len();
-            outbox_bytes += sealed
-                .records
-                .iter()
-                .map(|r| {
-                    let headers = r.headers.iter().map(|(k, v)| k.len() + v.len());
-                    r.topic.len()
-                        + r.key.as_ref().map_or(0, Vec::len)
-                        + r.value.as_ref().map_or(0, Vec::len)
-                        + headers.sum::<usize>()
-                })
-                .sum::<usize>();
+            outbox_bytes += wire::outbox_row_len(&sealed.records);
             task.acknowledged(sealed.row, None);
         }
         phase.per_commit.record(t.elapsed().as_nanos() as u64)?;

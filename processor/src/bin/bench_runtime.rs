@@ -147,7 +147,10 @@ fn main() -> anyhow::Result<()> {
     }
     // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
     // phases above dispatched time out (no connector runs here) and must not fire meanwhile.
-    let rate = args.latency_rate.unwrap_or(fresh_run.rate / 2.0).max(100.0);
+    let rate = match args.latency_rate {
+        Some(rate) => rate,
+        None => (fresh_run.rate / 2.0).max(100.0),
+    };
     let mut config = config.clone();
     config.topics.prefix = format!("bench-{:x}-latency.", now_ms());
     let latency_state = tempfile::tempdir()?;
@@ -448,15 +451,15 @@ fn pass_through(
     let mut row = 0u64;
     let mut started = None;
     let deadline = Instant::now() + Duration::from_secs(600);
+    // The processor takes up to `batch.max_records` of every partition per batch.
+    let max_records = config.batch.max_records * config.topics.partitions.max(1) as usize;
     while consumed < total {
         anyhow::ensure!(
             Instant::now() < deadline,
             "pass-through stalled at {consumed}"
         );
         let mut batch = Vec::new();
-        // Closed as the processor closes its batches (`Batch::poll_timeout`), and as large:
-        // the processor takes up to `batch.max_records` of every partition.
-        let max_records = config.batch.max_records * config.topics.partitions.max(1) as usize;
+        // Closed as the processor closes its batches (`Batch::poll_timeout`), and as large.
         let mut first: Option<Instant> = None;
         while batch.len() < max_records {
             let Some(timeout) = config.batch.poll_timeout(first) else {

@@ -242,7 +242,7 @@ pub struct Batch {
     /// Only a backlog fills a batch (below saturation the idle gap or the flush interval closes
     /// it first), so this sets the cost per record of catching up: a seal, an fsync and an
     /// outbox row per partition and batch. 2000 rather than 500 gave duplicates ≈ +40% and
-    /// fresh keys ≈ +8% in `airlock-bench-runtime` (README, "Benchmark").
+    /// fresh keys ≈ +8% in `airlock-bench-runtime` (`processor/BENCHMARKS.md`).
     pub max_records: usize,
     /// A batch closes after this long even if not full: bounds added latency. The processor's
     /// consumer fetches with a quarter of it as `fetch.wait.max.ms` (see `fetch_wait_ms`)

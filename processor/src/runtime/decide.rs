@@ -183,10 +183,7 @@ fn decide_partition(
     }
     // The messages go back to librdkafka before the commit.
     drop(records);
-    task.fire_timers(settings.now, settings.timers_per_batch)?;
-    task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
-    task.sweep_if_due(settings.now, settings.changelog_sweep_ms);
-    let (sealed, unsynced) = task.seal_deferred(settings.now)?;
+    let (sealed, unsynced) = close(task, settings)?;
     Ok(Decided {
         partition,
         handled,
@@ -194,6 +191,16 @@ fn decide_partition(
         unsynced,
         observed: task.take_observed(),
     })
+}
+
+/// The end of a task's share of a batch, once its records are handled: due timers, a due
+/// checkpoint, a due changelog sweep, then the seal with its fsync left owing (see
+/// `PartitionTask::seal_deferred`).
+pub fn close(task: &mut PartitionTask, settings: Settings) -> Result<(Outbox, Option<WalSync>)> {
+    task.fire_timers(settings.now, settings.timers_per_batch)?;
+    task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
+    task.sweep_if_due(settings.now, settings.changelog_sweep_ms);
+    Ok(task.seal_deferred(settings.now)?)
 }
 
 fn fingerprint(message: &BorrowedMessage<'_>) -> Fingerprint {

@@ -145,7 +145,7 @@ pub struct Outbox {
 pub fn encode_outbox_row(records: &[OutRecord]) -> Vec<u8> {
     // Exact: a batch's row is large (hundreds of KB), and every doubling of a guess too small
     // copied it and faulted in fresh pages.
-    let size = 5 + records.iter().map(|r| 4 + outbox_len(r)).sum::<usize>();
+    let size = outbox_row_len(records);
     let mut out = Vec::with_capacity(size);
     out.push(OUTBOX_ROW_VERSION);
     out.extend_from_slice(&(records.len() as u32).to_be_bytes());
@@ -158,6 +158,11 @@ pub fn encode_outbox_row(records: &[OutRecord]) -> Vec<u8> {
     }
     debug_assert_eq!(out.len(), size, "outbox_len disagrees with write_outbox");
     out
+}
+
+/// The length in bytes of `records`' outbox row (what `encode_outbox_row` writes).
+pub fn outbox_row_len(records: &[OutRecord]) -> usize {
+    5 + records.iter().map(|r| 4 + outbox_len(r)).sum::<usize>()
 }
 
 /// The records of an outbox row, of either version.
