@@ -5,7 +5,7 @@
 //! | field | env override | default |
 //! | --- | --- | --- |
 //! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
-//! | `kafka.properties` | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none |
+//! | `kafka.properties` (librdkafka properties; not those Airlock sets: see the processor's `Kafka::validate`) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none |
 //! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
 //! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
 //! | `connector.name` | `AIRLOCK_CONNECTOR_NAME` | required: the registry's connector name |
@@ -224,6 +224,7 @@ impl Config {
         if self.kafka.brokers.trim().is_empty() {
             return invalid("kafka.brokers", "must name at least one broker");
         }
+        self.kafka.validate()?;
         if !(1..=10_000).contains(&self.topics.partitions) {
             return invalid("topics.partitions", "must be between 1 and 10000");
         }

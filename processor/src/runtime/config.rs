@@ -4,7 +4,7 @@
 //! | field | env override | default |
 //! | --- | --- | --- |
 //! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
-//! | `kafka.properties` (any librdkafka property: SASL, SSL, ...) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none |
+//! | `kafka.properties` (librdkafka properties: SASL, SSL, `compression.type`, ...; not those Airlock sets, see [`Kafka::validate`]) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none (producers: `compression.type=lz4`, `message.timeout.ms=120000`) |
 //! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
 //! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
 //! | `topics.replication_factor` | `AIRLOCK_TOPICS_REPLICATION_FACTOR` | `1` |
@@ -366,6 +366,26 @@ impl Kafka {
         }
     }
 
+    /// Refuses a pass-through property that Airlock sets itself: one that its safety argument
+    /// or its co-partitioning depends on, or one that another field of the configuration owns.
+    /// librdkafka would otherwise take whichever was set last, and that is Airlock's value, so a
+    /// user's `acks=1` would be dropped without a word. `compression.type` and
+    /// `message.timeout.ms` are defaults (`lz4`, 120 s) that the properties may change.
+    pub fn validate(&self) -> Result<()> {
+        for name in self.properties.keys() {
+            let owned = OWNED_PROPERTIES
+                .iter()
+                .find(|(names, _)| names.contains(&name.as_str()));
+            if let Some((_, why)) = owned {
+                return Err(Error::Invalid {
+                    field: "kafka.properties",
+                    message: format!("{name:?} is set by Airlock ({why}); remove it"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `AIRLOCK_KAFKA_BROKERS` and `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`), for every Airlock
     /// process that talks to the cluster.
     pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
@@ -388,6 +408,48 @@ impl Kafka {
         Ok(())
     }
 }
+
+/// The librdkafka properties Airlock sets on its clients, each group with the reason a user
+/// cannot set it through `kafka.properties`.
+const OWNED_PROPERTIES: &[(&[&str], &str)] = &[
+    (
+        &["bootstrap.servers", "metadata.broker.list"],
+        "from kafka.brokers",
+    ),
+    (
+        &["enable.idempotence", "acks", "request.required.acks"],
+        "the outbox resends after a crash: an idempotent producer with acks=all",
+    ),
+    (
+        &["partitioner"],
+        "every topic is co-partitioned by operation key with murmur2_random",
+    ),
+    (
+        &["linger.ms", "queue.buffering.max.ms"],
+        "from processor.linger_ms; a connector's producer does not linger",
+    ),
+    (
+        &["group.id", "client.id"],
+        "from the group and instance settings",
+    ),
+    (
+        &[
+            "enable.auto.commit",
+            "enable.auto.offset.store",
+            "auto.offset.reset",
+            "enable.partition.eof",
+        ],
+        "offsets live with the state and are committed by Airlock",
+    ),
+    (
+        &["partition.assignment.strategy"],
+        "the range assignor keeps one partition number of every input topic on one task",
+    ),
+    (
+        &["session.timeout.ms", "max.poll.interval.ms"],
+        "from session_timeout_ms and max_poll_interval_ms",
+    ),
+];
 
 impl Topics {
     /// `AIRLOCK_TOPICS_PREFIX`, `_PARTITIONS` and `_REPLICATION_FACTOR`.
@@ -510,6 +572,7 @@ impl Config {
         if self.kafka.brokers.trim().is_empty() {
             return invalid("kafka.brokers", "must name at least one broker");
         }
+        self.kafka.validate()?;
         if !(1..=10_000).contains(&self.topics.partitions) {
             return invalid("topics.partitions", "must be between 1 and 10000");
         }
@@ -644,6 +707,22 @@ partitions = 12
             err.to_string().contains("AIRLOCK_TOPICS_PARTITIONS"),
             "{err}"
         );
+        let mut owned = Config::default();
+        owned
+            .apply_env(|n| {
+                (n == "AIRLOCK_KAFKA_PROPERTIES")
+                    .then(|| "compression.type=zstd, acks = 1".to_owned())
+            })
+            .unwrap();
+        let err = owned.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.properties")
+                && err.contains("\"acks\"")
+                && err.contains("acks=all"),
+            "{err}"
+        );
+        owned.kafka.properties.remove("acks");
+        owned.validate().unwrap();
         let mut sweep = Config::default();
         sweep.processor.changelog_sweep_ms = 3_600_000;
         let err = sweep.validate().unwrap_err().to_string();

@@ -119,24 +119,38 @@ impl std::fmt::Debug for Producer {
 }
 
 impl Producer {
-    /// An idempotent producer over `base` (brokers and pass-through properties).
+    /// An idempotent producer over `base` (brokers and pass-through properties). The
+    /// properties may choose the compression and the message timeout; the rest of what is
+    /// set here they may not (`Kafka::validate` refuses them).
     pub fn new(base: &ClientConfig, linger_ms: u64) -> Result<Self> {
-        let mut config = base.clone();
-        config
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("partitioner", LIBRDKAFKA_PARTITIONER)
-            .set("linger.ms", linger_ms.to_string())
-            .set("compression.type", "lz4")
-            // Bounded: a broker that stays away this long fails the batch, and the process exits
-            // with the outbox intact (it is resent on restart).
-            .set("message.timeout.ms", "120000");
-        let inner: FutureProducer = config.create().map_err(Error::Create)?;
+        let inner: FutureProducer = Self::config(base, linger_ms)
+            .create()
+            .map_err(Error::Create)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a current-thread tokio runtime builds without I/O");
         Ok(Producer { inner, runtime })
+    }
+
+    /// The producer's settings: `base` with Airlock's own on top.
+    fn config(base: &ClientConfig, linger_ms: u64) -> ClientConfig {
+        let mut config = base.clone();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("partitioner", LIBRDKAFKA_PARTITIONER)
+            .set("linger.ms", linger_ms.to_string());
+        let unset = |names: &[&str]| names.iter().all(|n| base.get(n).is_none());
+        if unset(&["compression.type", "compression.codec"]) {
+            config.set("compression.type", "lz4");
+        }
+        if unset(&["message.timeout.ms", "delivery.timeout.ms"]) {
+            // Bounded: a broker that stays away this long fails the batch, and the process
+            // exits with the outbox intact (it is resent on restart).
+            config.set("message.timeout.ms", "120000");
+        }
+        config
     }
 
     /// Sends every record, phase 0 first; phase 1 only after every phase-0 record was
@@ -302,5 +316,29 @@ impl InFlight {
             partition,
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_choose_the_compression_and_timeout_but_not_the_safety() {
+        let mut base = ClientConfig::new();
+        base.set("bootstrap.servers", "k1:9092");
+        let defaults = Producer::config(&base, 2);
+        assert_eq!(defaults.get("compression.type"), Some("lz4"));
+        assert_eq!(defaults.get("message.timeout.ms"), Some("120000"));
+        assert_eq!(defaults.get("linger.ms"), Some("2"));
+        base.set("compression.type", "zstd")
+            .set("delivery.timeout.ms", "30000");
+        let chosen = Producer::config(&base, 2);
+        assert_eq!(chosen.get("compression.type"), Some("zstd"));
+        assert_eq!(chosen.get("delivery.timeout.ms"), Some("30000"));
+        assert_eq!(chosen.get("message.timeout.ms"), None);
+        // Had a property slipped past `Kafka::validate`, Airlock's value still wins.
+        base.set("acks", "1");
+        assert_eq!(Producer::config(&base, 2).get("acks"), Some("all"));
     }
 }
