@@ -42,9 +42,11 @@ use airlock_processor::runtime::flight::Flights;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::run;
+use airlock_processor::runtime::telemetry::Telemetry;
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{self, OutRecord, Outbox};
 use airlock_processor::sample;
+use airlock_processor::telemetry::server::Probes;
 use airlock_schemas::{Codec, Decision};
 use anyhow::Context;
 use clap::Parser;
@@ -170,7 +172,7 @@ fn main() -> anyhow::Result<()> {
         "broker hop at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} records (produce to readable)  {}",
         hop.p50, hop.p99, hop.count, hop.cpu
     );
-    let (lat, split) = latency(&config, core, &names, rate, args.latency_seconds)?;
+    let (lat, split, ready_after) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
         "latency at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} proposals (produce to decision readable)  p50 ratio to two hops {:.2}  {}",
         lat.p50,
@@ -178,6 +180,10 @@ fn main() -> anyhow::Result<()> {
         lat.count,
         lat.p50 / (2.0 * hop.p50),
         lat.cpu
+    );
+    println!(
+        "  load started once the instance was ready ({:.1} s after it started)",
+        ready_after.as_secs_f64()
     );
     for (name, h) in [
         ("produce to sealed", &split.to_sealed),
@@ -561,11 +567,20 @@ fn latency(
     names: &Names,
     rate: f64,
     seconds: u64,
-) -> anyhow::Result<(RoundTrip, Split)> {
+) -> anyhow::Result<(RoundTrip, Split, Duration)> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let flag = shutdown.clone();
     let cfg = config.clone();
-    let handle = std::thread::spawn(move || run::run(&cfg, core, flag));
+    let telemetry = Arc::new(Telemetry::new(Duration::from_millis(
+        config.telemetry.stall_after_ms,
+    )));
+    let probes = telemetry.clone();
+    let handle = std::thread::spawn(move || run::run_with(&cfg, core, flag, telemetry));
+    // Steady state, not start-up: the load starts once the instance is ready (joined, every
+    // partition claimed, fence markers written). A fixed wait had raced the group join (about
+    // half the session timeout on tansu) and put the first records' wait for the claim into
+    // the p99 of one run in three (175-220 ms).
+    let ready_after = await_ready(probes.as_ref(), &handle, Duration::from_secs(60))?;
     let sent: Arc<std::sync::Mutex<HashMap<String, (Instant, i64)>>> = Arc::default();
     let mut split = Split {
         to_sealed: Histogram::new(3)?,
@@ -581,7 +596,7 @@ fn latency(
             group: "bench-latency",
             rate,
             seconds,
-            settle: Duration::from_secs(3), // partitions claimed
+            settle: Duration::ZERO,
         },
         {
             let sent = sent.clone();
@@ -621,7 +636,32 @@ fn latency(
     handle
         .join()
         .map_err(|_| anyhow::anyhow!("processor panicked"))??;
-    Ok((result?, split))
+    Ok((result?, split, ready_after))
+}
+
+/// Waits until `probes` report the in-process instance ready (what its `/readyz` answers);
+/// how long that took. Fails if the instance stops first or is not ready within `limit`.
+fn await_ready(
+    probes: &dyn Probes,
+    instance: &std::thread::JoinHandle<run::Result<run::Summary>>,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let why = match probes.ready() {
+            Ok(()) => return Ok(start.elapsed()),
+            Err(why) => why,
+        };
+        anyhow::ensure!(
+            !instance.is_finished(),
+            "the processor stopped before it was ready ({why})"
+        );
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "the processor was not ready after {limit:?}: {why}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// What a paced round trip measured: latency in ms, how many records, the CPU it took.
