@@ -535,7 +535,6 @@ fn hop_latency(config: &Config, topic: &str, rate: f64, seconds: u64) -> anyhow:
             group: "bench-hop",
             rate,
             seconds,
-            settle: Duration::ZERO,
         },
         // The payload is when it was sent, in µs on `clock`: no shared map needed.
         move |i| {
@@ -577,9 +576,8 @@ fn latency(
     let probes = telemetry.clone();
     let handle = std::thread::spawn(move || run::run_with(&cfg, core, flag, telemetry));
     // Steady state, not start-up: the load starts once the instance is ready (joined, every
-    // partition claimed, fence markers written). A fixed wait had raced the group join (about
-    // half the session timeout on tansu) and put the first records' wait for the claim into
-    // the p99 of one run in three (175-220 ms).
+    // partition claimed, fence markers written), not after a fixed wait that assumed the
+    // claim would be done by then (it is ready ≈ 1 s after it starts on the dev machine).
     let ready_after = await_ready(probes.as_ref(), &handle, Duration::from_secs(60))?;
     let sent: Arc<std::sync::Mutex<HashMap<String, (Instant, i64)>>> = Arc::default();
     let mut split = Split {
@@ -596,7 +594,6 @@ fn latency(
             group: "bench-latency",
             rate,
             seconds,
-            settle: Duration::ZERO,
         },
         {
             let sent = sent.clone();
@@ -687,8 +684,6 @@ struct Paced<'a> {
     group: &'a str,
     rate: f64,
     seconds: u64,
-    /// Waited after the reader is positioned, before the first record.
-    settle: Duration,
 }
 
 /// Sends `rate × seconds` records (`record(i)` gives key and payload) at `rate` per second from
@@ -714,7 +709,6 @@ fn paced_round_trip(
         tpl.add_partition_offset(paced.read_from, p, Offset::Offset(high))?;
     }
     reader.assign(&tpl)?;
-    std::thread::sleep(paced.settle);
     let producer = base_producer(config)?;
     let total = (paced.rate * paced.seconds as f64) as usize;
     let cpu = Cpu::now()?;
