@@ -264,14 +264,11 @@ fn shell(
     proposals: &[ToolProposal],
     payloads: &[Vec<u8>],
 ) -> anyhow::Result<(Phase, Sealed)> {
-    let defaults = RuntimeConfig::default().processor;
-    // As `airlock run` closes a batch, at one fixed time: no attempt's timer falls due.
+    // As `airlock run` closes a batch, at one fixed time: no attempt's timer falls due. One
+    // partition, so one thread.
     let settings = decide::Settings {
-        now: T0,
-        timers_per_batch: defaults.timers_per_batch,
-        checkpoint_every_ms: defaults.checkpoint_interval_ms as i64,
-        changelog_sweep_ms: defaults.changelog_sweep_ms as i64,
         threads: 1,
+        ..decide::Settings::of(&RuntimeConfig::default().processor, T0)
     };
     let dir = tempfile::tempdir().context("temporary directory for the task's RocksDB")?;
     let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers, Timestamp};
 
+use super::config;
 use super::partition::{self, Fingerprint, InputRecord, PartitionTask, Position, Source};
 use super::run::{Error, Result};
 use super::telemetry::Observed;
@@ -32,6 +33,19 @@ pub struct Settings {
     pub changelog_sweep_ms: i64,
     /// At most this many threads, the calling one included.
     pub threads: usize,
+}
+
+impl Settings {
+    /// The settings `airlock run` closes a batch with at `now`, from the processor's knobs.
+    pub fn of(processor: &config::Processor, now: i64) -> Settings {
+        Settings {
+            now,
+            timers_per_batch: processor.timers_per_batch,
+            checkpoint_every_ms: processor.checkpoint_interval_ms as i64,
+            changelog_sweep_ms: processor.changelog_sweep_ms as i64,
+            threads: processor.threads,
+        }
+    }
 }
 
 /// One partition's share of a decided batch.

@@ -341,4 +341,26 @@ mod tests {
         base.set("acks", "1");
         assert_eq!(Producer::config(&base, 2).get("acks"), Some("all"));
     }
+
+    /// Every setting the producer imposes is one that `Kafka::validate` refuses to take from
+    /// the properties, so the two lists cannot drift apart.
+    #[test]
+    fn what_the_producer_imposes_the_properties_cannot_set() {
+        let imposed = Producer::config(&ClientConfig::new(), 2);
+        let defaults = ["compression.type", "message.timeout.ms"];
+        let names: Vec<String> = imposed
+            .config_map()
+            .keys()
+            .map(|k| k.to_string())
+            .filter(|k| !defaults.contains(&k.as_str()))
+            .collect();
+        assert!(names.len() >= 4, "{names:?}");
+        for name in names {
+            let kafka = super::super::config::Kafka {
+                properties: [(name.clone(), "x".to_owned())].into(),
+                ..Default::default()
+            };
+            assert!(kafka.validate().is_err(), "{name} is accepted");
+        }
+    }
 }

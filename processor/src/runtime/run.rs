@@ -665,13 +665,7 @@ fn run_loop(
         let mut handled = 0;
         {
             let mut guard = lock(&shared);
-            let settings = decide::Settings {
-                now,
-                timers_per_batch: config.processor.timers_per_batch,
-                checkpoint_every_ms: config.processor.checkpoint_interval_ms as i64,
-                changelog_sweep_ms: config.processor.changelog_sweep_ms as i64,
-                threads: config.processor.threads,
-            };
+            let settings = decide::Settings::of(&config.processor, now);
             let decided = match decide::decide_batch(&mut guard.tasks, records, &sources, settings)
             {
                 Err(Error::Gap {
