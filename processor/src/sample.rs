@@ -111,6 +111,19 @@ pub fn refund(operation_key: &str, minor_units: i64, now: i64) -> ToolProposal {
     }
 }
 
+/// Runs a [`fleet_refund`] spreads its proposals over.
+pub const FLEET_RUNS: usize = 1_000;
+
+/// The `i`-th refund of a fleet, for load: one of [`FLEET_RUNS`] agent runs (a run's dispatches
+/// are budgeted, `max_dispatches_per_run`, so one run for a whole benchmark would turn every
+/// proposal past the budget into a cheaper denial), 100 to 9,099 minor units (all within the
+/// reference policy's automatic tier).
+pub fn fleet_refund(operation_key: &str, i: usize, now: i64) -> ToolProposal {
+    let mut p = refund(operation_key, 100 + (i % 9_000) as i64, now);
+    p.run_id = format!("run-{}", i % FLEET_RUNS);
+    p
+}
+
 /// The same proposal resent by the agent under a new proposal id (a blind retry).
 pub fn resend(p: &ToolProposal, attempt: u32) -> ToolProposal {
     ToolProposal {
@@ -164,5 +177,50 @@ pub fn control(id: &str, kind: ControlKind, key: Option<&str>, now: i64) -> Cont
         operator_id: "operator-olga".to_owned(),
         evidence: Some("checked the ledger by hand".to_owned()),
         issued_at: now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Input;
+
+    /// A fleet's proposals all dispatch (up to the budget times [`FLEET_RUNS`]) where the same
+    /// load from one run stops at the run's dispatch budget (two here, so that the test needs a
+    /// few thousand decisions, not 30,000).
+    #[test]
+    fn a_fleet_stays_within_the_run_budget_where_one_run_does_not() {
+        let budget = 2;
+        let core = Arc::new(
+            reference_core(core::Config {
+                max_dispatches_per_run: budget,
+                ..core::Config::default()
+            })
+            .expect("the reference configuration loads"),
+        );
+        let proposals = budget as usize * FLEET_RUNS;
+        let dispatched = |one_run: bool| {
+            let mut task = memory_task(core.clone()).expect("a task over the memory store");
+            (0..proposals)
+                .map(|i| {
+                    let mut p = fleet_refund(&format!("refund:fleet{i}"), i, 0);
+                    if one_run {
+                        p.run_id = "run-1".to_owned();
+                    }
+                    let effects = task.handle(&Input::Proposal(p), 0).expect("decided");
+                    effects.dispatches.len()
+                })
+                .sum::<usize>()
+        };
+        assert_eq!(
+            dispatched(false),
+            proposals,
+            "every fleet refund dispatched"
+        );
+        assert_eq!(
+            dispatched(true),
+            budget as usize,
+            "one run: the budget, no more"
+        );
     }
 }

@@ -133,9 +133,8 @@ fn main() -> anyhow::Result<()> {
 
     let proposals: Vec<ToolProposal> = (0..args.proposals)
         .map(|i| {
-            let mut p = sample::refund(&format!("refund:bench:{i}"), 100 + (i as i64 % 9_000), T0);
+            let mut p = sample::fleet_refund(&format!("refund:bench:{i}"), i, T0);
             p.proposal_id = format!("bench-{i}");
-            p.run_id = format!("run-{}", i % 1_000);
             p
         })
         .collect();

@@ -233,9 +233,8 @@ fn partition_workload(
     let mut since_checkpoint = 0;
     for &i in ids {
         let now = T0 + i as i64;
-        let mut p = sample::refund(&format!("refund:bench:{i}"), 100 + (i as i64 % 9_000), now);
+        let mut p = sample::fleet_refund(&format!("refund:bench:{i}"), i, now);
         p.proposal_id = format!("bench-{i}");
-        p.run_id = format!("run-{}", i % 1_000);
         let key = p.operation_key.clone();
         let mut events: Vec<JournalEvent> = task.handle(&Input::Proposal(p), now)?.journal;
         for kind in [OutcomeKind::AttemptStarted, OutcomeKind::Committed] {

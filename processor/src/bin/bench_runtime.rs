@@ -15,6 +15,10 @@
 //!    share measured first in the same run: records at the same rate through one hop (produce
 //!    to readable, same producer and reader settings). The processor's path is two hops.
 //!
+//! The proposals are refunds of a fleet of agent runs (`sample::fleet_refund`: 1,000 runs, so
+//! that every proposal dispatches; with one run, every proposal past the run's dispatch budget
+//! of 10,000 per partition was a cheaper denial, most of a latency phase's proposals).
+//!
 //! Every phase also reports the CPU it took, from `/proc`: this process's per proposal (every
 //! thread: the in-process processor's and, in the last two phases, the load generator's and the
 //! reader's, which the hop phase shows alone) and how busy the whole machine was (the broker's
@@ -120,7 +124,7 @@ fn main() -> anyhow::Result<()> {
     let n = args.proposals;
     let now = now_ms();
     let fresh: Vec<_> = (0..n)
-        .map(|i| sample::refund(&format!("refund:b{i}"), 1_000, now))
+        .map(|i| sample::fleet_refund(&format!("refund:b{i}"), i, now))
         .collect();
     println!(
         "broker {}, {} partitions, {n} proposals per phase",
@@ -599,7 +603,7 @@ fn latency(
             let sent = sent.clone();
             let codec = Codec::new();
             move |i| {
-                let p = sample::refund(&format!("refund:lat{i}"), 1_000, now);
+                let p = sample::fleet_refund(&format!("refund:lat{i}"), i, now);
                 let payload = codec.encode_single_object(&p)?;
                 sent.lock()
                     .map_err(|_| anyhow::anyhow!("poisoned"))?
