@@ -62,10 +62,12 @@ use crate::telemetry::server::Probes;
 pub const SCAN_ROWS_IDLE: usize = 1_000;
 /// Effect rows the scan reads per task after a batch of inputs, on the polling thread, before
 /// the next batch is read. At 1,000 (the idle figure) a pass over ≈ 30,000 rows per partition
-/// cost each batch 7–13 ms for ≈ 0.6 s every 5 s at 11,500 proposals/s on the 2-core dev
-/// machine (`AIRLOCK_LOG=debug`'s "sent in"), enough to show in the latency's p99. Under load
-/// a pass takes longer: rows per partition / 100 batches (a minute for ≈ 30,000 rows in
-/// batches of 2,000 per partition); the ages it publishes are minutes apart (1m, 10m, 1h, 24h).
+/// held each batch 7–13 ms for ≈ 0.6 s every 5 s at 11,500 proposals/s on the 2-core dev
+/// machine (`AIRLOCK_LOG=debug`'s "sent in"; the p99's change was inside the run-to-run
+/// spread), and with millions of effects per partition a pass never ends, so that would be a
+/// few ms on every batch for good. Under load a pass takes longer: rows per partition / 100
+/// batches (a minute for ≈ 30,000 rows in batches of 2,000 per partition); the ages it
+/// publishes are minutes apart (1m, 10m, 1h, 24h).
 pub const SCAN_ROWS_BUSY: usize = 100;
 /// A new pass of the outstanding-effects scan starts at most this often.
 pub const SCAN_INTERVAL: Duration = Duration::from_secs(5);
