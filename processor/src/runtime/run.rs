@@ -715,15 +715,9 @@ fn run_loop(
                 .advance(&producer, config.batch.max_in_flight)?;
             let foreign = acknowledge(&mut guard, done, &names, telemetry);
             rewrite_fenced(&mut guard, &claim, foreign)?;
-            // Monitoring reads the state after the outputs left, never before; a little after
-            // a batch of inputs (the next batch waits), more after an idle turn.
-            let rows = if handled > 0 {
-                super::telemetry::SCAN_ROWS_BUSY
-            } else {
-                super::telemetry::SCAN_ROWS_IDLE
-            };
+            // Monitoring reads the state after the outputs left, never before.
             for (&p, task) in &guard.tasks {
-                telemetry.scan_outstanding(p, task.store(), now, rows);
+                telemetry.scan_outstanding(p, task.store(), now, handled > 0);
             }
         }
         if handled > 0 {

@@ -349,19 +349,20 @@ impl Telemetry {
         }
     }
 
-    /// Advances the outstanding-effects scan of `partition` by at most `rows` rows of its
-    /// committed state ([`SCAN_ROWS_BUSY`] or [`SCAN_ROWS_IDLE`]), and publishes the ages of
-    /// the last complete pass at `now`.
+    /// Advances the outstanding-effects scan of `partition` by at most [`SCAN_ROWS_BUSY`] rows
+    /// of its committed state after a batch that had inputs (`busy`), [`SCAN_ROWS_IDLE`] after
+    /// one without, and publishes the ages of the last complete pass at `now`.
     pub fn scan_outstanding<B: Backend>(
         &self,
         partition: i32,
         store: &StateStore<B>,
         now: i64,
-        rows: usize,
+        busy: bool,
     ) {
+        let rows = if busy { SCAN_ROWS_BUSY } else { SCAN_ROWS_IDLE };
         let mut scans = lock(&self.scans);
         let scan = scans.entry(partition).or_default();
-        if let Err(e) = scan.step(store.backend(), rows.max(1)) {
+        if let Err(e) = scan.step(store.backend(), rows) {
             // Monitoring must not stop the processor: the state is read again next pass.
             log::warn!("partition {partition}: scanning for outstanding effects: {e}");
             *scan = Scan::default();
@@ -561,7 +562,7 @@ mod tests {
         task.commit().unwrap();
 
         let t = Telemetry::new(Duration::from_secs(60));
-        t.scan_outstanding(3, task.store(), now + 120_000, SCAN_ROWS_IDLE);
+        t.scan_outstanding(3, task.store(), now + 120_000, false);
         let get = |state: &str, age: &str| t.outstanding.get(&["3", state, age]);
         assert_eq!(get("UNKNOWN", "0s"), Some(1.0));
         assert_eq!(get("UNKNOWN", "1m"), Some(1.0));
@@ -574,7 +575,7 @@ mod tests {
         );
         assert_eq!(t.outstanding_oldest.get(&["3", "UNKNOWN"]), Some(119.0));
         // Ages move with the clock between passes.
-        t.scan_outstanding(3, task.store(), now + 3_600_000, SCAN_ROWS_IDLE);
+        t.scan_outstanding(3, task.store(), now + 3_600_000, false);
         assert_eq!(get("AWAITING_APPROVAL", "1h"), Some(1.0));
         // Losing the partition drops its series.
         t.assigned(&BTreeSet::new());
@@ -615,31 +616,27 @@ mod tests {
 
         let t = Telemetry::new(Duration::from_secs(60));
         let get = || t.outstanding.get(&["0", "UNKNOWN", "0s"]);
-        let step = |rows| t.scan_outstanding(0, &store, now + 2_000, rows);
-        for rows in [
-            SCAN_ROWS_BUSY,
-            SCAN_ROWS_IDLE,
-            SCAN_ROWS_IDLE,
-            SCAN_ROWS_BUSY,
-        ] {
-            step(rows);
+        let (busy, idle) = (true, false);
+        let step = |busy| t.scan_outstanding(0, &store, now + 2_000, busy);
+        for batch in [busy, idle, idle, busy] {
+            step(batch);
         }
         assert_eq!(
             get(),
             None,
             "2,200 of 2,501 rows read: no pass is complete yet"
         );
-        step(SCAN_ROWS_BUSY);
-        step(SCAN_ROWS_BUSY);
+        step(busy);
+        step(busy);
         assert_eq!(get(), None, "2,400 rows read");
-        step(SCAN_ROWS_IDLE);
+        step(idle);
         assert_eq!(
             get(),
             Some(1.0),
             "the last 101 rows read: the pass is complete"
         );
         // The next pass waits for SCAN_INTERVAL; the published figures stay.
-        step(SCAN_ROWS_IDLE);
+        step(idle);
         assert_eq!(get(), Some(1.0));
     }
 
