@@ -23,6 +23,7 @@
 //!
 //! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync]`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -231,6 +232,15 @@ fn main() -> anyhow::Result<()> {
         task_phase.rate() / fresh_phase.rate(),
         100.0 * (1.0 - task_phase.rate() / fresh_phase.rate()),
     );
+    let per = task_phase.count.max(1) as f64;
+    for (topic, (records, values, headers)) in &sealed.by_topic {
+        println!(
+            "  {topic:<18} {:>5.2} records, {:>6.0} value bytes, {:>5.0} header bytes per proposal",
+            *records as f64 / per,
+            *values as f64 / per,
+            *headers as f64 / per,
+        );
+    }
     components(&mut task, args.batch, &proposals)?;
     println!(
         "targets: fresh >= 50000/s: {}; duplicates (resend) >= 200000/s: {}",
@@ -246,6 +256,8 @@ struct Sealed {
     outputs: usize,
     /// The outbox rows they made, in bytes (`wire::outbox_row_len`).
     outbox_bytes: usize,
+    /// Per output topic (its name without the prefix): records, value bytes, header bytes.
+    by_topic: BTreeMap<String, (usize, usize, usize)>,
 }
 
 /// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
@@ -284,6 +296,7 @@ fn shell(
     let mut phase = Phase::new("task");
     let mut outputs = 0;
     let mut outbox_bytes = 0;
+    let mut by_topic: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let mut offset = 0i64;
     let started = Instant::now();
     for (chunk, payloads) in proposals
@@ -318,6 +331,17 @@ fn shell(
         if !sealed.records.is_empty() {
             outputs += sealed.records.len();
             outbox_bytes += wire::outbox_row_len(&sealed.records);
+            for r in &sealed.records {
+                let topic = r.topic.strip_prefix("bench.").unwrap_or(&r.topic);
+                let entry = by_topic.entry(topic.to_owned()).or_default();
+                entry.0 += 1;
+                entry.1 += r.value.as_ref().map_or(0, Vec::len);
+                entry.2 += r
+                    .headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>();
+            }
             task.acknowledged(sealed.row, None);
         }
         phase.per_commit.record(t.elapsed().as_nanos() as u64)?;
@@ -329,6 +353,7 @@ fn shell(
         Sealed {
             outputs,
             outbox_bytes,
+            by_topic,
         },
     ))
 }
