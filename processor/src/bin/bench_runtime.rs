@@ -9,6 +9,10 @@
 //!    (`batch.max_in_flight`), waiting for the acknowledgements as the processor does;
 //! 2. **processor, fresh keys**: `airlock run` (in-process) over N fresh proposals;
 //! 3. **processor, duplicates**: the same N proposals again (producer resends);
+//!    then **core alone**: the same N proposals decided on one thread over an in-memory store
+//!    (bench-core's `fresh-mem`), which bounds the fresh ratio: the processor does at least the
+//!    pass-through's work plus this, so with RocksDB, outbox and changelog free its ratio would
+//!    be the pass-through's CPU per proposal over that plus the core's;
 //! 4. **latency**: proposals produced at half the processor's fresh rate (or at
 //!    `--latency-rate`, to compare settings at one load), on fresh topics and
 //!    state; p50/p99 from produce to the decision being readable, next to the broker's own
@@ -41,6 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::cli::run::load_core;
+use airlock_processor::core::{Core, Input};
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::flight::Flights;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
@@ -51,7 +56,7 @@ use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{self, OutRecord, Outbox};
 use airlock_processor::sample;
 use airlock_processor::telemetry::server::Probes;
-use airlock_schemas::{Codec, Decision};
+use airlock_schemas::{Codec, Decision, ToolProposal};
 use anyhow::Context;
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -151,6 +156,18 @@ fn main() -> anyhow::Result<()> {
             run.cpu
         );
     }
+    // The decision core alone over the in-memory store: what the fresh ratio could reach if
+    // RocksDB, the outbox and the changelog cost nothing, since the processor does at least
+    // the pass-through's work (the same consume, as many produces) plus this.
+    let alone = core_alone(core.clone(), &fresh, config.batch.max_records)?;
+    let ceiling = pass_cpu.process_micros_per_input
+        / (pass_cpu.process_micros_per_input + alone.micros_per_decision);
+    println!(
+        "core alone        {:>9.0} decisions/s on one thread, {:.1} µs each (in-memory store, no broker); \
+         fresh ratio ceiling with a free store {ceiling:.2} (pass-through µs / (pass-through µs + core µs))",
+        1e6 / alone.micros_per_decision,
+        alone.micros_per_decision,
+    );
     // 4. Latency at half the fresh rate, on topics and state of its own: the attempts the
     // phases above dispatched time out (no connector runs here) and must not fire meanwhile.
     let rate = match args.latency_rate {
@@ -421,6 +438,51 @@ fn run_processor(
         rate: decided / elapsed,
         records_per_input: per_input,
         cpu,
+    })
+}
+
+/// What the core alone measured.
+struct CoreAlone {
+    /// Wall time per decision on one thread (CPU-bound: nothing else runs meanwhile).
+    micros_per_decision: f64,
+}
+
+/// Decides `proposals` on this thread as bench-core's `fresh-mem` phase does: Avro decode, the
+/// core over a fresh in-memory store, Avro encode of every output, a commit per `batch`.
+fn core_alone(
+    core: Arc<Core>,
+    proposals: &[ToolProposal],
+    batch: usize,
+) -> anyhow::Result<CoreAlone> {
+    let codec = Codec::new();
+    let payloads: Vec<Vec<u8>> = proposals
+        .iter()
+        .map(|p| codec.encode_single_object(p))
+        .collect::<Result<_, _>>()?;
+    let mut task = sample::memory_task(core)?;
+    let mut outputs = 0usize;
+    let started = Instant::now();
+    for chunk in payloads.chunks(batch.max(1)) {
+        for bytes in chunk {
+            let p: ToolProposal = codec.decode_single_object(bytes)?;
+            let at = p.proposed_at;
+            let effects = task.handle(&Input::Proposal(p), at)?;
+            for d in &effects.dispatches {
+                outputs += codec.encode_single_object(d)?.len();
+            }
+            for d in &effects.decisions {
+                outputs += codec.encode_single_object(d)?.len();
+            }
+            for j in &effects.journal {
+                outputs += codec.encode_single_object(j)?.len();
+            }
+        }
+        task.commit()?;
+    }
+    let elapsed = started.elapsed();
+    std::hint::black_box(outputs);
+    Ok(CoreAlone {
+        micros_per_decision: elapsed.as_secs_f64() * 1e6 / proposals.len().max(1) as f64,
     })
 }
 
