@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use airlock_schemas::{
-    Approval, ApprovalVerdict, Control, ControlKind, Outcome, OutcomeKind, ToolProposal,
+    Approval, ApprovalVerdict, Codec, Control, ControlKind, Outcome, OutcomeKind, ToolProposal,
 };
 use anyhow::Context;
 
 use crate::core::{
     self, Core, EffectRecord, State, TaskContext, policy::Policy, registry::Registry,
 };
-use crate::store::{MemoryBackend, MemoryStore, StateStore};
+use crate::store::{MemoryBackend, MemoryStore, StateStore, Store};
 use crate::task::Task;
 
 /// An effect record of `key` in `state`: a dispatched refund with fixed times (deadline
@@ -69,6 +69,30 @@ pub fn reference_core(config: core::Config) -> anyhow::Result<Core> {
 pub fn memory_task(core: Arc<Core>) -> anyhow::Result<Task<MemoryStore>> {
     let store = StateStore::open(MemoryBackend::default())?;
     Ok(Task::new(core, store, task_context(0))?)
+}
+
+/// Decides one encoded proposal as the benches' core phases do: Avro decode, the core (state
+/// staged in `task`, not committed), Avro encode of every dispatch, decision and journal event.
+/// Returns the encoded outputs' bytes.
+pub fn decide_encoded<S: Store>(
+    task: &mut Task<S>,
+    codec: &Codec,
+    payload: &[u8],
+) -> anyhow::Result<usize> {
+    let p: ToolProposal = codec.decode_single_object(payload)?;
+    let at = p.proposed_at;
+    let effects = task.handle(&core::Input::Proposal(p), at)?;
+    let mut bytes = 0;
+    for d in &effects.dispatches {
+        bytes += codec.encode_single_object(d)?.len();
+    }
+    for d in &effects.decisions {
+        bytes += codec.encode_single_object(d)?.len();
+    }
+    for j in &effects.journal {
+        bytes += codec.encode_single_object(j)?.len();
+    }
+    Ok(bytes)
 }
 
 pub fn task_context(partition: i32) -> TaskContext {

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_processor::core::{self, Core, Input};
+use airlock_processor::core::{self, Core};
 use airlock_processor::runtime::config::Config as RuntimeConfig;
 use airlock_processor::runtime::partition::{self, InputRecord, PartitionTask, Source};
 use airlock_processor::runtime::topics::Names;
@@ -185,18 +185,7 @@ fn main() -> anyhow::Result<()> {
         for chunk in payloads.chunks(batch) {
             for bytes in chunk {
                 let t = Instant::now();
-                let p: ToolProposal = codec.decode_single_object(bytes)?;
-                let at = p.proposed_at;
-                let effects = task.handle(&Input::Proposal(p), at)?;
-                for d in &effects.dispatches {
-                    outputs += codec.encode_single_object(d)?.len();
-                }
-                for d in &effects.decisions {
-                    outputs += codec.encode_single_object(d)?.len();
-                }
-                for j in &effects.journal {
-                    outputs += codec.encode_single_object(j)?.len();
-                }
+                outputs += sample::decide_encoded(task, codec, bytes)?;
                 phase.per_record.record(t.elapsed().as_nanos() as u64)?;
             }
             let t = Instant::now();

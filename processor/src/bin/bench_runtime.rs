@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::cli::run::load_core;
-use airlock_processor::core::{Core, Input};
+use airlock_processor::core::Core;
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::flight::Flights;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
@@ -464,18 +464,7 @@ fn core_alone(
     let started = Instant::now();
     for chunk in payloads.chunks(batch.max(1)) {
         for bytes in chunk {
-            let p: ToolProposal = codec.decode_single_object(bytes)?;
-            let at = p.proposed_at;
-            let effects = task.handle(&Input::Proposal(p), at)?;
-            for d in &effects.dispatches {
-                outputs += codec.encode_single_object(d)?.len();
-            }
-            for d in &effects.decisions {
-                outputs += codec.encode_single_object(d)?.len();
-            }
-            for j in &effects.journal {
-                outputs += codec.encode_single_object(j)?.len();
-            }
+            outputs += sample::decide_encoded(&mut task, &codec, bytes)?;
         }
         task.commit()?;
     }
