@@ -25,8 +25,17 @@ fn task(dir: &std::path::Path) -> PartitionTask {
 /// A task whose store knows the changelog up to `changelog_next` (as a claim leaves it).
 fn task_knowing(dir: &std::path::Path, changelog_next: Option<i64>) -> PartitionTask {
     let core = Arc::new(sample::reference_core(Default::default()).unwrap());
-    let mut store =
-        StateStore::open(RocksBackend::open(dir, &RocksOptions { sync: false }).unwrap()).unwrap();
+    let mut store = StateStore::open(
+        RocksBackend::open(
+            dir,
+            &RocksOptions {
+                sync: false,
+                ..RocksOptions::default()
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
     if let Some(next) = changelog_next {
         store.stage_raw(
             Table::Meta,

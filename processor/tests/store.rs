@@ -39,7 +39,14 @@ struct Rocks(tempfile::TempDir);
 impl Fixture for Rocks {
     type B = RocksBackend;
     fn open(&mut self) -> StateStore<RocksBackend> {
-        let backend = RocksBackend::open(self.0.path(), &RocksOptions { sync: false }).unwrap();
+        let backend = RocksBackend::open(
+            self.0.path(),
+            &RocksOptions {
+                sync: false,
+                ..RocksOptions::default()
+            },
+        )
+        .unwrap();
         StateStore::open(backend).unwrap()
     }
     fn reopen(&mut self, store: StateStore<RocksBackend>) -> StateStore<RocksBackend> {

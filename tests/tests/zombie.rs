@@ -112,7 +112,7 @@ async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
     let unsent = "changelog/0/zombie-unsent";
     {
         let dir = a.state_dir("a").join("partition-0");
-        let mut store = StateStore::open(RocksBackend::open(&dir, &RocksOptions { sync: true })?)?;
+        let mut store = StateStore::open(RocksBackend::open(&dir, &RocksOptions::default())?)?;
         let row = OutRecord {
             topic: a.names.changelog(),
             partition: 0,

@@ -21,7 +21,10 @@
 //! key) over the RocksDB store the phases filled, for a fresh proposal (two misses) and a known
 //! one (three rows found and decoded, and how much of that is the JSON decode).
 //!
-//! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync]`.
+//! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync] [--background-write-mib N
+//! [--background-write-auto-tune]]`; the last two set the RocksDB rate limiter of
+//! `state.background_write_*`, and the `task` phase then reports the write stalls RocksDB logged
+//! (a limit below what its flushes and compactions must write at this rate piles up level 0).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -91,6 +94,18 @@ struct Args {
     proposals: usize,
     batch: usize,
     sync: bool,
+    background_write_mib_per_s: u32,
+    background_write_auto_tune: bool,
+}
+
+impl Args {
+    fn rocks(&self) -> RocksOptions {
+        RocksOptions {
+            sync: self.sync,
+            background_write_mib_per_s: self.background_write_mib_per_s,
+            background_write_auto_tune: self.background_write_auto_tune,
+        }
+    }
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -98,6 +113,8 @@ fn parse_args() -> anyhow::Result<Args> {
         proposals: 50_000,
         batch: 500,
         sync: true,
+        background_write_mib_per_s: 0,
+        background_write_auto_tune: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -105,8 +122,16 @@ fn parse_args() -> anyhow::Result<Args> {
             "--proposals" => args.proposals = it.next().context("--proposals N")?.parse()?,
             "--batch" => args.batch = it.next().context("--batch N")?.parse()?,
             "--no-sync" => args.sync = false,
+            "--background-write-mib" => {
+                args.background_write_mib_per_s =
+                    it.next().context("--background-write-mib N")?.parse()?;
+            }
+            "--background-write-auto-tune" => args.background_write_auto_tune = true,
             "--help" | "-h" => {
-                println!("airlock-bench-core [--proposals N] [--batch N] [--no-sync]");
+                println!(
+                    "airlock-bench-core [--proposals N] [--batch N] [--no-sync] \
+                     [--background-write-mib N [--background-write-auto-tune]]"
+                );
                 std::process::exit(0);
             }
             other => anyhow::bail!("unknown argument {other:?}; try --help"),
@@ -116,6 +141,10 @@ fn parse_args() -> anyhow::Result<Args> {
         args.proposals > 0 && args.batch > 0,
         "counts must be positive"
     );
+    anyhow::ensure!(
+        !args.background_write_auto_tune || args.background_write_mib_per_s > 0,
+        "--background-write-auto-tune tunes below --background-write-mib N: give both"
+    );
     Ok(args)
 }
 
@@ -124,7 +153,7 @@ fn main() -> anyhow::Result<()> {
     let codec = Codec::new();
     let core = Arc::new(sample::reference_core(core::Config::default())?);
     let dir = tempfile::tempdir().context("temporary directory for RocksDB")?;
-    let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
+    let backend = RocksBackend::open(dir.path(), &args.rocks())?;
     let mut task = Task::new(
         core.clone(),
         StateStore::open(backend)?,
@@ -153,10 +182,19 @@ fn main() -> anyhow::Result<()> {
     )?;
 
     println!(
-        "airlock-bench-core: {} proposals, batches of {}, RocksDB fsync {}, one thread",
+        "airlock-bench-core: {} proposals, batches of {}, RocksDB fsync {}, background writes {}, \
+         one thread",
         args.proposals,
         args.batch,
-        if args.sync { "on" } else { "off" }
+        if args.sync { "on" } else { "off" },
+        match (
+            args.background_write_mib_per_s,
+            args.background_write_auto_tune
+        ) {
+            (0, _) => "unlimited".to_owned(),
+            (mib, false) => format!("at most {mib} MiB/s"),
+            (mib, true) => format!("at most {mib} MiB/s, auto-tuned"),
+        }
     );
 
     // Baseline: decode the proposal, encode one output record of the same size class.
@@ -201,6 +239,7 @@ fn main() -> anyhow::Result<()> {
     let fresh_phase = run(&mut task, &codec, args.batch, "fresh", &fresh)?;
     let resend_phase = run(&mut task, &codec, args.batch, "resend", &fresh)?;
     let retry_phase = run(&mut task, &codec, args.batch, "retry", &retries)?;
+    let core_stalls = write_stalls(dir.path())?;
     let (task_phase, sealed) = shell(core, &codec, &args, &proposals, &fresh)?;
 
     baseline.report(None);
@@ -221,6 +260,19 @@ fn main() -> anyhow::Result<()> {
         task_phase.rate() / fresh_phase.rate(),
         100.0 * (1.0 - task_phase.rate() / fresh_phase.rate()),
     );
+    for (phases, stalls) in [
+        ("fresh, resend, retry", &core_stalls),
+        ("task", &sealed.stalls),
+    ] {
+        println!(
+            "{phases}: {} write stalls in RocksDB's LOG{}",
+            stalls.len(),
+            stalls
+                .last()
+                .map(|line| format!(", the last: {line}"))
+                .unwrap_or_default()
+        );
+    }
     let per = task_phase.count.max(1) as f64;
     for (topic, (records, values, headers)) in &sealed.by_topic {
         println!(
@@ -247,6 +299,20 @@ struct Sealed {
     outbox_bytes: usize,
     /// Per output topic (its name without the prefix): records, value bytes, header bytes.
     by_topic: BTreeMap<String, (usize, usize, usize)>,
+    /// The lines of the store's RocksDB `LOG` that slowed or stopped writes.
+    stalls: Vec<String>,
+}
+
+/// The write stalls RocksDB logged in `dir` ("Stalling writes ...", "Stopping writes ...":
+/// level 0 or the memtables piled up faster than flushes and compactions cleared them).
+fn write_stalls(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let path = dir.join("LOG");
+    let log = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    Ok(log
+        .lines()
+        .filter(|line| line.contains("Stalling writes") || line.contains("Stopping writes"))
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
@@ -271,7 +337,7 @@ fn shell(
         ..decide::Settings::of(&RuntimeConfig::default().processor, T0)
     };
     let dir = tempfile::tempdir().context("temporary directory for the task's RocksDB")?;
-    let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: args.sync })?;
+    let backend = RocksBackend::open(dir.path(), &args.rocks())?;
     let names = Names::new("bench.");
     let topic = names.proposals();
     let mut task = PartitionTask::new(
@@ -343,6 +409,7 @@ fn shell(
             outputs,
             outbox_bytes,
             by_topic,
+            stalls: write_stalls(dir.path())?,
         },
     ))
 }

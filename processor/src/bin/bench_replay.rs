@@ -374,10 +374,7 @@ fn main() -> anyhow::Result<()> {
         Ok(())
     })?;
     let dir = tempfile::tempdir().context("temporary directory for RocksDB")?;
-    let mut store = StateStore::open(RocksBackend::open(
-        dir.path(),
-        &RocksOptions { sync: true },
-    )?)?;
+    let mut store = StateStore::open(RocksBackend::open(dir.path(), &RocksOptions::default())?)?;
     let restore = Phase::measure("restore", changelog.len(), |i| {
         let r: ChangelogRecord = codec.decode_as(changelog[i])?;
         let key = store_table(r.table).key(&r.key);
@@ -572,7 +569,7 @@ fn broker_phases(
         partitions: config.topics.partitions,
         output_topics: plan.iter().map(|t| t.name.clone()).collect(),
         state_dir: state.path().to_owned(),
-        rocks: RocksOptions { sync: true },
+        rocks: RocksOptions::default(),
         producer,
         reader: config
             .client_config()

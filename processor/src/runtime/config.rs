@@ -14,6 +14,8 @@
 //! | `batch.idle_ms` | `AIRLOCK_BATCH_IDLE_MS` | `2` |
 //! | `batch.max_in_flight` | `AIRLOCK_BATCH_MAX_IN_FLIGHT` | `4` |
 //! | `state.sync` | `AIRLOCK_STATE_SYNC` | `true` |
+//! | `state.background_write_mib_per_s` | `AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S` | `0` (unlimited) |
+//! | `state.background_write_auto_tune` | `AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE` | `false` |
 //! | `tools.registry`, `tools.policies`, `tools.entities` | `AIRLOCK_REGISTRY`, `AIRLOCK_POLICIES`, `AIRLOCK_ENTITIES` | `deploy/config/...` |
 //! | `processor.instance` | `AIRLOCK_INSTANCE` | `<hostname>-<pid>` |
 //! | `processor.group_id` | `AIRLOCK_GROUP_ID` | `<prefix>processor` |
@@ -223,6 +225,13 @@ pub struct State {
     /// fsync each batch's WriteBatch before its outputs leave: survives power loss, not only
     /// process crashes. The fsync runs on the sender thread while the next batch is decided.
     pub sync: bool,
+    /// MiB per second that each partition store's RocksDB flushes and compactions may write
+    /// (its rate limiter); 0 = unlimited. Spreads a memtable flush over more time so that the
+    /// batches committing meanwhile are not held up behind it; too low a limit lets level 0
+    /// pile up into write stalls under a sustained backlog.
+    pub background_write_mib_per_s: u32,
+    /// RocksDB tunes the limit to recent demand within `[limit / 20, limit]`.
+    pub background_write_auto_tune: bool,
 }
 
 impl Default for State {
@@ -230,6 +239,19 @@ impl Default for State {
         State {
             dir: PathBuf::from("./airlock-state"),
             sync: true,
+            background_write_mib_per_s: 0,
+            background_write_auto_tune: false,
+        }
+    }
+}
+
+impl State {
+    /// The RocksDB settings of every partition store.
+    pub fn rocks(&self) -> crate::store::RocksOptions {
+        crate::store::RocksOptions {
+            sync: self.sync,
+            background_write_mib_per_s: self.background_write_mib_per_s,
+            background_write_auto_tune: self.background_write_auto_tune,
         }
     }
 }
@@ -514,6 +536,14 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_STATE_SYNC") {
             self.state.sync = env_value("AIRLOCK_STATE_SYNC", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S") {
+            self.state.background_write_mib_per_s =
+                env_value("AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE") {
+            self.state.background_write_auto_tune =
+                env_value("AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE", v)?;
+        }
         if let Some(v) = lookup("AIRLOCK_INSTANCE") {
             self.processor.instance = v;
         }
@@ -584,6 +614,12 @@ impl Config {
             return invalid(
                 "topics.prefix",
                 "may only hold ASCII letters, digits, '.', '_' and '-' (Kafka topic names)",
+            );
+        }
+        if self.state.background_write_auto_tune && self.state.background_write_mib_per_s == 0 {
+            return invalid(
+                "state.background_write_auto_tune",
+                "needs state.background_write_mib_per_s above 0: the limit it tunes below",
             );
         }
         if self.batch.max_records == 0 {
@@ -723,6 +759,19 @@ partitions = 12
         );
         owned.kafka.properties.remove("acks");
         owned.validate().unwrap();
+        let mut tuned = Config::default();
+        tuned
+            .apply_env(|n| (n == "AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE").then(|| "true".into()))
+            .unwrap();
+        let err = tuned.validate().unwrap_err().to_string();
+        assert!(err.contains("state.background_write_mib_per_s"), "{err}");
+        tuned
+            .apply_env(|n| {
+                (n == "AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S").then(|| "16".to_owned())
+            })
+            .unwrap();
+        tuned.validate().unwrap();
+        assert_eq!(tuned.state.rocks().background_write_mib_per_s, 16);
         let mut sweep = Config::default();
         sweep.processor.changelog_sweep_ms = 3_600_000;
         let err = sweep.validate().unwrap_err().to_string();

@@ -459,7 +459,7 @@ mod tests {
         let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
         let mut stores: Vec<RocksBackend> = dirs
             .iter()
-            .map(|d| RocksBackend::open(d.path(), &RocksOptions { sync: true }).unwrap())
+            .map(|d| RocksBackend::open(d.path(), &RocksOptions::default()).unwrap())
             .collect();
         let mut flights = Flights::with_sender(producer.clone()).unwrap();
         let completed = six_batches(&mut flights, &producer, |batch| {
@@ -477,7 +477,7 @@ mod tests {
         assert_in_order(&completed);
         drop(stores);
         for dir in &dirs {
-            let reopened = RocksBackend::open(dir.path(), &RocksOptions { sync: true })
+            let reopened = RocksBackend::open(dir.path(), &RocksOptions::default())
                 .expect("no handle of the sender keeps the store open");
             for batch in 0..6 {
                 let key = format!("batch{batch}").into_bytes();

@@ -1248,7 +1248,14 @@ mod tests {
     #[test]
     fn a_redelivered_last_record_must_match_its_fingerprint() {
         let dir = tempfile::tempdir().unwrap();
-        let backend = RocksBackend::open(dir.path(), &RocksOptions { sync: false }).unwrap();
+        let backend = RocksBackend::open(
+            dir.path(),
+            &RocksOptions {
+                sync: false,
+                ..RocksOptions::default()
+            },
+        )
+        .unwrap();
         let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
         let names = Names::new("t.");
         let ctx = TaskContext {

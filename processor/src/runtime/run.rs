@@ -55,7 +55,6 @@ use super::restore::{self, Claim};
 use super::telemetry::{LAG_INTERVAL, Telemetry};
 use super::topics::{self, Names};
 use crate::core::Core;
-use crate::store::RocksOptions;
 use crate::telemetry::server;
 
 #[derive(Debug, thiserror::Error)]
@@ -526,9 +525,7 @@ fn run_loop(
         partitions: config.topics.partitions,
         output_topics,
         state_dir: config.state.dir.clone(),
-        rocks: RocksOptions {
-            sync: config.state.sync,
-        },
+        rocks: config.state.rocks(),
         producer: producer.clone(),
         reader,
         instance: instance.clone(),

@@ -13,13 +13,30 @@ pub struct RocksOptions {
     /// fsync the write-ahead log on every commit: survives power loss, not only process crashes.
     /// The outbox is produced only after a commit, so this is what "durable" means.
     pub sync: bool,
+    /// MiB per second that the store's flushes and compactions may write (RocksDB's rate
+    /// limiter); 0 = unlimited. A flush then runs longer at a lower rate instead of taking the
+    /// disk and a core for its whole length while the task waits to commit.
+    pub background_write_mib_per_s: u32,
+    /// Let RocksDB tune the limit to the recent demand, within `[limit / 20, limit]`, so that a
+    /// sustained backlog raises it before level 0 piles up into write stalls.
+    pub background_write_auto_tune: bool,
 }
 
 impl Default for RocksOptions {
     fn default() -> Self {
-        RocksOptions { sync: true }
+        RocksOptions {
+            sync: true,
+            background_write_mib_per_s: 0,
+            background_write_auto_tune: false,
+        }
     }
 }
+
+/// How often the rate limiter hands out its tokens: short, so that a flush is spread evenly
+/// instead of writing a 100 ms quantum at once.
+const RATE_LIMIT_REFILL_US: i64 = 10_000;
+/// RocksDB's default: a low-priority (compaction) request is served first one time in ten.
+const RATE_LIMIT_FAIRNESS: i32 = 10;
 
 pub struct RocksBackend {
     /// Shared with the [`WalSync`]s of deferred commits; the database closes with the last.
@@ -57,6 +74,14 @@ impl RocksBackend {
         table.set_bloom_filter(10.0, false);
         table.set_whole_key_filtering(true);
         opts.set_block_based_table_factory(&table);
+        if options.background_write_mib_per_s > 0 {
+            let bytes = i64::from(options.background_write_mib_per_s) << 20;
+            if options.background_write_auto_tune {
+                opts.set_auto_tuned_ratelimiter(bytes, RATE_LIMIT_REFILL_US, RATE_LIMIT_FAIRNESS);
+            } else {
+                opts.set_ratelimiter(bytes, RATE_LIMIT_REFILL_US, RATE_LIMIT_FAIRNESS);
+            }
+        }
         let db = DB::open(&opts, path).map_err(|source| Error::Rocks {
             path: path.display().to_string(),
             source,
@@ -192,13 +217,60 @@ impl WalSync {
 mod tests {
     use super::*;
 
+    fn options(sync: bool) -> RocksOptions {
+        RocksOptions {
+            sync,
+            ..RocksOptions::default()
+        }
+    }
+
+    /// The rate limit reaches RocksDB: a flush of ≈ 3 MiB of incompressible rows at 1 MiB/s
+    /// takes at least two seconds (a lower bound only: the limit holds a flush back, it never
+    /// makes one faster).
+    #[test]
+    fn a_background_write_limit_holds_a_flush_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let limited = RocksOptions {
+            sync: false,
+            background_write_mib_per_s: 1,
+            background_write_auto_tune: false,
+        };
+        let mut store = RocksBackend::open(dir.path(), &limited).unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let rows = (0..48u32)
+            .map(|i| {
+                let value = (0..64 * 1024 / 8)
+                    .flat_map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x.to_le_bytes()
+                    })
+                    .collect();
+                (i.to_be_bytes().to_vec(), Some(value))
+            })
+            .collect();
+        store.write_batch(rows).unwrap();
+        let started = std::time::Instant::now();
+        store.db.flush().unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= std::time::Duration::from_secs(2),
+            "a 3 MiB flush at 1 MiB/s took only {took:?}"
+        );
+        assert_eq!(
+            store.get(&7u32.to_be_bytes()).unwrap().unwrap().len(),
+            64 * 1024
+        );
+    }
+
     /// A deferred write is read back at once; only a syncing store leaves an fsync owing, and
     /// the data is there after that sync and a reopen.
     #[test]
     fn a_deferred_write_owes_its_fsync_only_where_the_store_syncs() {
         for sync in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let mut store = RocksBackend::open(dir.path(), &RocksOptions { sync }).unwrap();
+            let mut store = RocksBackend::open(dir.path(), &options(sync)).unwrap();
             let owed = store
                 .write_batch_deferred(vec![(b"k".to_vec(), Some(b"v".to_vec()))])
                 .unwrap();
@@ -208,7 +280,7 @@ mod tests {
                 owed.sync().unwrap();
             }
             drop(store);
-            let store = RocksBackend::open(dir.path(), &RocksOptions { sync }).unwrap();
+            let store = RocksBackend::open(dir.path(), &options(sync)).unwrap();
             assert_eq!(store.get(b"k").unwrap(), Some(b"v".to_vec()));
         }
     }
