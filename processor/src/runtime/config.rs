@@ -226,9 +226,11 @@ pub struct State {
     /// process crashes. The fsync runs on the sender thread while the next batch is decided.
     pub sync: bool,
     /// MiB per second that each partition store's RocksDB flushes and compactions may write
-    /// (its rate limiter); 0 = unlimited. Spreads a memtable flush over more time so that the
-    /// batches committing meanwhile are not held up behind it; too low a limit lets level 0
-    /// pile up into write stalls under a sustained backlog.
+    /// (its rate limiter); 0 = unlimited. For a disk the stores share with other work: bounds
+    /// their background bandwidth at the cost of a slower catch-up. A limit below what the
+    /// flushes and compactions write at the peak rate stalls the commits; check it with
+    /// `airlock-bench-core --background-write-mib N`, which reports the stalls
+    /// (processor/BENCHMARKS.md: no latency gain was measured from it on the dev machine).
     pub background_write_mib_per_s: u32,
     /// RocksDB tunes the limit to recent demand within `[limit / 20, limit]`.
     pub background_write_auto_tune: bool,

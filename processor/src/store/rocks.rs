@@ -14,11 +14,11 @@ pub struct RocksOptions {
     /// The outbox is produced only after a commit, so this is what "durable" means.
     pub sync: bool,
     /// MiB per second that the store's flushes and compactions may write (RocksDB's rate
-    /// limiter); 0 = unlimited. A flush then runs longer at a lower rate instead of taking the
-    /// disk and a core for its whole length while the task waits to commit.
+    /// limiter); 0 = unlimited. A flush then runs longer at a lower rate. A limit below what a
+    /// sustained backlog makes them write stalls the commits (processor/BENCHMARKS.md).
     pub background_write_mib_per_s: u32,
-    /// Let RocksDB tune the limit to the recent demand, within `[limit / 20, limit]`, so that a
-    /// sustained backlog raises it before level 0 piles up into write stalls.
+    /// Let RocksDB tune the limit to the recent demand, within `[limit / 20, limit]`: it starts
+    /// at half the limit and moves ≈ 5% a second, so a limit near the demand still stalls.
     pub background_write_auto_tune: bool,
 }
 
