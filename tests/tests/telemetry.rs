@@ -199,7 +199,14 @@ async fn metrics_count_what_the_processor_decided_and_readyz_waits_for_claims() 
             .filter(|(k, _)| k.starts_with("airlock_outbox_backlog{"))
             .all(|(_, v)| *v == 0.0);
         let counted = expected.iter().all(|(k, v)| value(&samples, k) == *v);
-        Ok((counted && lag_settled && outstanding_seen && outbox_drained).then_some(samples))
+        // Read with the consumer's statistics, once a second.
+        let stores_read = (0..2).all(|p| {
+            samples.contains_key(&format!("airlock_state_level0_files{{partition=\"{p}\"}}"))
+        });
+        Ok(
+            (counted && lag_settled && outstanding_seen && outbox_drained && stores_read)
+                .then_some(samples),
+        )
     })
     .await;
     let samples = match samples {
@@ -273,6 +280,15 @@ async fn metrics_count_what_the_processor_decided_and_readyz_waits_for_claims() 
             ),
             0.0
         );
+        // Each owned store's RocksDB stall state, read every second: a few records stall
+        // nothing.
+        for gauge in [
+            "airlock_state_writes_stopped",
+            "airlock_state_delayed_write_rate_bytes",
+        ] {
+            let series = format!("{gauge}{{partition=\"{p}\"}}");
+            assert_eq!(samples.get(&series), Some(&0.0), "{series}");
+        }
     }
     // Every input read at its producer's timestamp is counted: all of them on tansu 0.6, which
     // ignores the topic's LogAppendTime, none on a broker that honours it. Read after the

@@ -124,8 +124,15 @@ struct Ctx {
 impl ClientContext for Ctx {
     /// Consumer lag per owned input partition, from librdkafka's statistics (emitted inside
     /// `poll` every `LAG_INTERVAL`): the partition's high watermark minus the task's next offset.
+    /// At the same interval, each owned store's RocksDB write stall state.
     fn stats(&self, statistics: rdkafka::statistics::Statistics) {
         let shared = lock(&self.shared);
+        for (&p, task) in &shared.tasks {
+            match task.store().backend().write_pressure() {
+                Ok(pressure) => self.telemetry.write_pressure(p, &pressure),
+                Err(e) => log::warn!("partition {p}: reading RocksDB's write stall state: {e}"),
+            }
+        }
         for (topic, t) in &statistics.topics {
             if !self.inputs.contains(topic) {
                 continue;

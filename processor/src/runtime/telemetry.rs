@@ -12,6 +12,9 @@
 //! | `airlock_batches_total` | counter | | batches that consumed at least one input |
 //! | `airlock_records_produced_total` | counter | | output records acknowledged |
 //! | `airlock_outbox_backlog` | gauge | `partition` | outbox records sealed and not yet acknowledged |
+//! | `airlock_state_writes_stopped` | gauge | `partition` | 1 while RocksDB stops the partition store's writes (memtables or level-0 files waiting for a flush or compaction): batches cannot commit |
+//! | `airlock_state_delayed_write_rate_bytes` | gauge | `partition` | bytes per second RocksDB slows the store's writes to; 0 when it does not |
+//! | `airlock_state_level0_files` | gauge | `partition` | SST files in the store's level 0 (RocksDB slows writes at 20, stops them at 36) |
 //! | `airlock_dispatches_total` | counter | | dispatch commands: attempts |
 //! | `airlock_logical_calls_total` | counter | | first dispatches (epoch 1): logical calls |
 //! | `airlock_retry_amplification` | gauge | | attempts / logical calls since start |
@@ -144,6 +147,9 @@ pub struct Telemetry {
     pub batches: Arc<Counter>,
     pub produced: Arc<Counter>,
     pub outbox_backlog: Arc<Gauge>,
+    pub state_writes_stopped: Arc<Gauge>,
+    pub state_delayed_write_rate: Arc<Gauge>,
+    pub state_level0_files: Arc<Gauge>,
     pub dispatches: Arc<Counter>,
     pub logical_calls: Arc<Counter>,
     pub retry_amplification: Arc<Gauge>,
@@ -205,6 +211,23 @@ impl Telemetry {
             outbox_backlog: r.gauge(
                 "airlock_outbox_backlog",
                 "Outbox records sealed in the state store and not yet acknowledged.",
+                &["partition"],
+            ),
+            state_writes_stopped: r.gauge(
+                "airlock_state_writes_stopped",
+                "1 while RocksDB stops the partition store's writes until a flush or compaction \
+                 catches up.",
+                &["partition"],
+            ),
+            state_delayed_write_rate: r.gauge(
+                "airlock_state_delayed_write_rate_bytes",
+                "Bytes per second RocksDB slows the partition store's writes to; 0 when it does \
+                 not.",
+                &["partition"],
+            ),
+            state_level0_files: r.gauge(
+                "airlock_state_level0_files",
+                "SST files in level 0 of the partition store.",
                 &["partition"],
             ),
             dispatches: r.counter(
@@ -278,6 +301,18 @@ impl Telemetry {
         self.health.beat();
     }
 
+    /// RocksDB's write stall state of partition `partition`'s store.
+    pub fn write_pressure(&self, partition: i32, pressure: &crate::store::WritePressure) {
+        let p = partition.to_string();
+        let p = [p.as_str()];
+        self.state_writes_stopped
+            .set(&p, if pressure.stopped { 1.0 } else { 0.0 });
+        self.state_delayed_write_rate
+            .set(&p, pressure.delayed_write_rate as f64);
+        self.state_level0_files
+            .set(&p, pressure.level0_files as f64);
+    }
+
     /// The group assigned `partitions` (claims follow); `[]` after a revocation.
     pub fn assigned(&self, partitions: &BTreeSet<i32>) {
         self.health.assigned(partitions);
@@ -289,6 +324,9 @@ impl Telemetry {
         };
         self.consumer_lag.remove_where(|l| !keep(l, 1));
         self.outbox_backlog.remove_where(|l| !keep(l, 0));
+        self.state_writes_stopped.remove_where(|l| !keep(l, 0));
+        self.state_delayed_write_rate.remove_where(|l| !keep(l, 0));
+        self.state_level0_files.remove_where(|l| !keep(l, 0));
         self.outstanding.remove_where(|l| !keep(l, 0));
         self.outstanding_oldest.remove_where(|l| !keep(l, 0));
         lock(&self.scans).retain(|p, _| partitions.contains(p));

@@ -29,7 +29,7 @@ use crate::core::{
 use keys::Table;
 
 pub use memory::MemoryBackend;
-pub use rocks::{RocksBackend, RocksOptions, WalSync};
+pub use rocks::{RocksBackend, RocksOptions, WalSync, WritePressure};
 
 /// Errors of the store. Each names what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +40,8 @@ pub enum Error {
         #[source]
         source: rocksdb::Error,
     },
+    #[error("rocksdb at {path}: property {name} is not reported")]
+    Property { path: String, name: String },
     #[error("value under table {table:?} key {key:?} is corrupt: {detail}")]
     Corrupt {
         table: Table,

@@ -38,6 +38,17 @@ const RATE_LIMIT_REFILL_US: i64 = 10_000;
 /// RocksDB's default: a low-priority (compaction) request is served first one time in ten.
 const RATE_LIMIT_FAIRNESS: i32 = 10;
 
+/// RocksDB's write stall state of one store ([`RocksBackend::write_pressure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WritePressure {
+    /// Writes are stopped until a flush or compaction catches up.
+    pub stopped: bool,
+    /// Bytes per second RocksDB slows writes to; 0 when it does not.
+    pub delayed_write_rate: u64,
+    /// SST files in level 0 (by default writes slow at 20 and stop at 36).
+    pub level0_files: u64,
+}
+
 pub struct RocksBackend {
     /// Shared with the [`WalSync`]s of deferred commits; the database closes with the last.
     db: Arc<DB>,
@@ -97,6 +108,25 @@ impl RocksBackend {
             unsynced,
             sync: options.sync,
             read_options: ReadOptions::default(),
+        })
+    }
+
+    /// Whether RocksDB is holding the store's writes back right now, from its properties: read
+    /// from memory, cheap enough for every telemetry interval.
+    pub fn write_pressure(&self) -> Result<WritePressure> {
+        let int = |name: &rocksdb::properties::PropName| -> Result<u64> {
+            self.db
+                .property_int_value(name)
+                .map_err(|e| self.err(e))?
+                .ok_or_else(|| Error::Property {
+                    path: self.path.display().to_string(),
+                    name: name.to_string(),
+                })
+        };
+        Ok(WritePressure {
+            stopped: int(rocksdb::properties::IS_WRITE_STOPPED)? != 0,
+            delayed_write_rate: int(rocksdb::properties::ACTUAL_DELAYED_WRITE_RATE)?,
+            level0_files: int(&rocksdb::properties::num_files_at_level(0))?,
         })
     }
 
@@ -261,6 +291,30 @@ mod tests {
         assert_eq!(
             store.get(&7u32.to_be_bytes()).unwrap().unwrap().len(),
             64 * 1024
+        );
+    }
+
+    /// A fresh store reports no pressure and no level-0 file; a flush makes one.
+    #[test]
+    fn write_pressure_reads_rocksdb_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = RocksBackend::open(dir.path(), &options(false)).unwrap();
+        let calm = WritePressure {
+            stopped: false,
+            delayed_write_rate: 0,
+            level0_files: 0,
+        };
+        assert_eq!(store.write_pressure().unwrap(), calm);
+        store
+            .write_batch(vec![(b"k".to_vec(), Some(b"v".to_vec()))])
+            .unwrap();
+        store.db.flush().unwrap();
+        assert_eq!(
+            store.write_pressure().unwrap(),
+            WritePressure {
+                level0_files: 1,
+                ..calm
+            }
         );
     }
 
