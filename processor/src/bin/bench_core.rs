@@ -93,40 +93,27 @@ impl Phase {
 struct Args {
     proposals: usize,
     batch: usize,
-    sync: bool,
-    background_write_mib_per_s: u32,
-    background_write_auto_tune: bool,
-}
-
-impl Args {
-    fn rocks(&self) -> RocksOptions {
-        RocksOptions {
-            sync: self.sync,
-            background_write_mib_per_s: self.background_write_mib_per_s,
-            background_write_auto_tune: self.background_write_auto_tune,
-        }
-    }
+    /// The settings of both stores: fsync and the background write limit.
+    rocks: RocksOptions,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = Args {
         proposals: 50_000,
         batch: 500,
-        sync: true,
-        background_write_mib_per_s: 0,
-        background_write_auto_tune: false,
+        rocks: RocksOptions::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--proposals" => args.proposals = it.next().context("--proposals N")?.parse()?,
             "--batch" => args.batch = it.next().context("--batch N")?.parse()?,
-            "--no-sync" => args.sync = false,
+            "--no-sync" => args.rocks.sync = false,
             "--background-write-mib" => {
-                args.background_write_mib_per_s =
+                args.rocks.background_write_mib_per_s =
                     it.next().context("--background-write-mib N")?.parse()?;
             }
-            "--background-write-auto-tune" => args.background_write_auto_tune = true,
+            "--background-write-auto-tune" => args.rocks.background_write_auto_tune = true,
             "--help" | "-h" => {
                 println!(
                     "airlock-bench-core [--proposals N] [--batch N] [--no-sync] \
@@ -142,7 +129,7 @@ fn parse_args() -> anyhow::Result<Args> {
         "counts must be positive"
     );
     anyhow::ensure!(
-        !args.background_write_auto_tune || args.background_write_mib_per_s > 0,
+        !args.rocks.background_write_auto_tune || args.rocks.background_write_mib_per_s > 0,
         "--background-write-auto-tune tunes below --background-write-mib N: give both"
     );
     Ok(args)
@@ -153,7 +140,7 @@ fn main() -> anyhow::Result<()> {
     let codec = Codec::new();
     let core = Arc::new(sample::reference_core(core::Config::default())?);
     let dir = tempfile::tempdir().context("temporary directory for RocksDB")?;
-    let backend = RocksBackend::open(dir.path(), &args.rocks())?;
+    let backend = RocksBackend::open(dir.path(), &args.rocks)?;
     let mut task = Task::new(
         core.clone(),
         StateStore::open(backend)?,
@@ -186,10 +173,10 @@ fn main() -> anyhow::Result<()> {
          one thread",
         args.proposals,
         args.batch,
-        if args.sync { "on" } else { "off" },
+        if args.rocks.sync { "on" } else { "off" },
         match (
-            args.background_write_mib_per_s,
-            args.background_write_auto_tune
+            args.rocks.background_write_mib_per_s,
+            args.rocks.background_write_auto_tune
         ) {
             (0, _) => "unlimited".to_owned(),
             (mib, false) => format!("at most {mib} MiB/s"),
@@ -337,7 +324,7 @@ fn shell(
         ..decide::Settings::of(&RuntimeConfig::default().processor, T0)
     };
     let dir = tempfile::tempdir().context("temporary directory for the task's RocksDB")?;
-    let backend = RocksBackend::open(dir.path(), &args.rocks())?;
+    let backend = RocksBackend::open(dir.path(), &args.rocks)?;
     let names = Names::new("bench.");
     let topic = names.proposals();
     let mut task = PartitionTask::new(
