@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use airlock_processor::core::{self, Core};
 use airlock_processor::runtime::config::Config as RuntimeConfig;
+use airlock_processor::runtime::decide;
 use airlock_processor::runtime::partition::{self, InputRecord, PartitionTask, Source};
 use airlock_processor::runtime::topics::Names;
-use airlock_processor::runtime::{decide, wire};
 use airlock_processor::sample;
 use airlock_processor::store::rocks::RocksOptions;
 use airlock_processor::store::{RocksBackend, StateStore, Store};
@@ -282,7 +282,7 @@ fn main() -> anyhow::Result<()> {
 struct Sealed {
     /// Output records (phase 0 and changelog records).
     outputs: usize,
-    /// The outbox rows they made, in bytes (`wire::outbox_row_len`).
+    /// The outbox rows they made, in bytes as stored (`Counters::outbox_bytes`).
     outbox_bytes: usize,
     /// Per output topic (its name without the prefix): records, value bytes, header bytes.
     by_topic: BTreeMap<String, (usize, usize, usize)>,
@@ -337,7 +337,6 @@ fn shell(
     )?;
     let mut phase = Phase::new("task");
     let mut outputs = 0;
-    let mut outbox_bytes = 0;
     let mut by_topic: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let mut offset = 0i64;
     let started = Instant::now();
@@ -372,7 +371,6 @@ fn shell(
         }
         if !sealed.records.is_empty() {
             outputs += sealed.records.len();
-            outbox_bytes += wire::outbox_row_len(&sealed.records);
             for r in &sealed.records {
                 let topic = r.topic.strip_prefix("bench.").unwrap_or(&r.topic);
                 let entry = by_topic.entry(topic.to_owned()).or_default();
@@ -394,7 +392,7 @@ fn shell(
         phase,
         Sealed {
             outputs,
-            outbox_bytes,
+            outbox_bytes: task.counters.outbox_bytes as usize,
             by_topic,
             stalls: write_stalls(dir.path())?,
         },

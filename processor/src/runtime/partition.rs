@@ -201,6 +201,8 @@ pub struct Counters {
     pub decisions: u64,
     pub dispatches: u64,
     pub timers: u64,
+    /// Bytes of the outbox rows this task wrote to its store (compressed, as stored).
+    pub outbox_bytes: u64,
 }
 
 pub struct PartitionTask {
@@ -212,6 +214,8 @@ pub struct PartitionTask {
     next_outbox: u64,
     /// Outbox entries staged by the current batch, not yet durable.
     staged_outbox: Vec<OutRecord>,
+    /// Turns each sealed batch into its outbox row, keeping its buffers between batches.
+    row_encoder: wire::RowEncoder,
     /// Input offsets advanced by the current batch (topic → next offset).
     staged_offsets: BTreeMap<String, i64>,
     /// The changelog offset this task's next record lands at if nobody else writes there;
@@ -266,6 +270,7 @@ impl PartitionTask {
             partitions,
             next_outbox,
             staged_outbox: Vec::new(),
+            row_encoder: wire::RowEncoder::default(),
             staged_offsets: BTreeMap::new(),
             changelog_next,
             changelog_cursor: changelog_next,
@@ -635,11 +640,9 @@ impl PartitionTask {
         let store = self.task.store_mut();
         if !records.is_empty() {
             // The whole batch as one row: written, acknowledged and deleted together.
-            store.stage_raw(
-                Table::Outbox,
-                &row.to_be_bytes(),
-                Some(wire::encode_outbox_row(&records)),
-            );
+            let bytes = self.row_encoder.encode(&records);
+            self.counters.outbox_bytes += bytes.len() as u64;
+            store.stage_raw(Table::Outbox, &row.to_be_bytes(), Some(bytes));
             self.next_outbox += 1;
             store.stage_raw(
                 Table::Meta,
