@@ -23,8 +23,9 @@
 //!
 //! Usage: `airlock-bench-core [--proposals N] [--batch N] [--no-sync] [--background-write-mib N
 //! [--background-write-auto-tune]]`; the last two set the RocksDB rate limiter of
-//! `state.background_write_*`, and the `task` phase then reports the write stalls RocksDB logged
-//! (a limit below what its flushes and compactions must write at this rate piles up level 0).
+//! `state.background_write_*`. Both stores report the memtable flushes and write stalls their
+//! RocksDB `LOG` recorded (a limit below what its flushes and compactions must write at this
+//! rate piles up level 0).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -226,7 +227,7 @@ fn main() -> anyhow::Result<()> {
     let fresh_phase = run(&mut task, &codec, args.batch, "fresh", &fresh)?;
     let resend_phase = run(&mut task, &codec, args.batch, "resend", &fresh)?;
     let retry_phase = run(&mut task, &codec, args.batch, "retry", &retries)?;
-    let core_stalls = write_stalls(dir.path())?;
+    let core_log = StoreLog::read(dir.path())?;
     let (task_phase, sealed) = shell(core, &codec, &args, &proposals, &fresh)?;
 
     baseline.report(None);
@@ -247,14 +248,12 @@ fn main() -> anyhow::Result<()> {
         task_phase.rate() / fresh_phase.rate(),
         100.0 * (1.0 - task_phase.rate() / fresh_phase.rate()),
     );
-    for (phases, stalls) in [
-        ("fresh, resend, retry", &core_stalls),
-        ("task", &sealed.stalls),
-    ] {
+    for (phases, log) in [("fresh, resend, retry", &core_log), ("task", &sealed.log)] {
         println!(
-            "{phases}: {} write stalls in RocksDB's LOG{}",
-            stalls.len(),
-            stalls
+            "{phases}: {} memtable flushes, {} write stalls in RocksDB's LOG{}",
+            log.flushes,
+            log.stalls.len(),
+            log.stalls
                 .last()
                 .map(|line| format!(", the last: {line}"))
                 .unwrap_or_default()
@@ -286,20 +285,32 @@ struct Sealed {
     outbox_bytes: usize,
     /// Per output topic (its name without the prefix): records, value bytes, header bytes.
     by_topic: BTreeMap<String, (usize, usize, usize)>,
-    /// The lines of the store's RocksDB `LOG` that slowed or stopped writes.
+    /// What the store's RocksDB `LOG` says of its flushes and stalls.
+    log: StoreLog,
+}
+
+/// What a store's RocksDB `LOG` recorded of the write path.
+struct StoreLog {
+    /// Memtable flushes started: how often the batches' writes filled a memtable.
+    flushes: usize,
+    /// The lines that slowed or stopped writes ("Stalling writes ...", "Stopping writes ...":
+    /// level 0 or the memtables piled up faster than flushes and compactions cleared them).
     stalls: Vec<String>,
 }
 
-/// The write stalls RocksDB logged in `dir` ("Stalling writes ...", "Stopping writes ...":
-/// level 0 or the memtables piled up faster than flushes and compactions cleared them).
-fn write_stalls(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    let path = dir.join("LOG");
-    let log = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
-    Ok(log
-        .lines()
-        .filter(|line| line.contains("Stalling writes") || line.contains("Stopping writes"))
-        .map(str::to_owned)
-        .collect())
+impl StoreLog {
+    fn read(dir: &std::path::Path) -> anyhow::Result<StoreLog> {
+        let path = dir.join("LOG");
+        let log = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+        Ok(StoreLog {
+            flushes: log.matches(r#""event": "flush_started""#).count(),
+            stalls: log
+                .lines()
+                .filter(|line| line.contains("Stalling writes") || line.contains("Stopping writes"))
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
 }
 
 /// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
@@ -394,7 +405,7 @@ fn shell(
             outputs,
             outbox_bytes: task.counters.outbox_bytes as usize,
             by_topic,
-            stalls: write_stalls(dir.path())?,
+            log: StoreLog::read(dir.path())?,
         },
     ))
 }
