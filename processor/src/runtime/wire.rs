@@ -281,27 +281,17 @@ fn decode_plain_row(buf: &[u8]) -> Result<Vec<OutRecord>, DecodeError> {
     Ok(records)
 }
 
-/// `[version][phase][partition i32][topic][key?][value?][n headers u32]{[name][value]}`, every
-/// variable field as `u32 length ++ bytes`, optional fields with a presence byte first.
+/// `r` as a row of its own, as rows were written before version 2: the tests of reading
+/// old stores write them with this.
+#[cfg(test)]
 pub fn encode_outbox(r: &OutRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(outbox_len(r));
+    let mut out = Vec::new();
     write_outbox(&mut out, r);
-    debug_assert_eq!(
-        out.len(),
-        outbox_len(r),
-        "outbox_len disagrees with write_outbox"
-    );
     out
 }
 
-/// The bytes [`write_outbox`] writes for `r`.
-fn outbox_len(r: &OutRecord) -> usize {
-    let opt = |b: Option<&Vec<u8>>| 1 + b.map_or(0, |b| 4 + b.len());
-    let headers: usize = r.headers.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-    // version, phase, partition, topic, key, value, header count, headers
-    2 + 4 + 4 + r.topic.len() + opt(r.key.as_ref()) + opt(r.value.as_ref()) + 4 + headers
-}
-
+/// `[version][phase][partition i32][topic][key?][value?][n headers u32]{[name][value]}`, every
+/// variable field as `u32 length ++ bytes`, optional fields with a presence byte first.
 fn write_outbox(out: &mut Vec<u8>, r: &OutRecord) {
     fn bytes(out: &mut Vec<u8>, b: &[u8]) {
         out.extend_from_slice(&(b.len() as u32).to_be_bytes());
