@@ -26,7 +26,11 @@
 //! Every phase also reports the CPU it took, from `/proc`: this process's per proposal (every
 //! thread: the in-process processor's and, in the last two phases, the load generator's and the
 //! reader's, which the hop phase shows alone) and how busy the whole machine was (the broker's
-//! container included): whether a phase was bound by CPU or by waiting.
+//! container included): whether a phase was bound by CPU or by waiting. When the broker runs
+//! on this machine (`--broker-process`, `tansu` by default) its CPU per proposal is reported
+//! too, and the paced phases print it second by second: tansu 0.6's cost per record grows as
+//! its partitions fill (its memory engine lists every stored batch of a partition on each
+//! fetch), and at half load it is a large share of the two cores.
 //!
 //! ```sh
 //! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
@@ -86,6 +90,11 @@ struct Args {
     /// At least 100 (the floor the half rate has too).
     #[arg(long)]
     latency_rate: Option<f64>,
+    /// Command name of the broker's process, when it runs on this machine (a local
+    /// container's processes are visible here): each phase then reports the broker's CPU too.
+    /// `java` for `apache/kafka`.
+    #[arg(long, default_value = "tansu")]
+    broker_process: String,
 }
 
 fn now_ms() -> i64 {
@@ -103,6 +112,14 @@ fn main() -> anyhow::Result<()> {
         );
     }
     airlock_processor::runtime::logging::init("bench");
+    let broker = Broker::find(&args.broker_process);
+    if broker.is_none() {
+        eprintln!(
+            "no process named {:?} on this machine: the broker's CPU is not reported",
+            args.broker_process
+        );
+    }
+    BROKER.get_or_init(|| broker);
     // The processor's environment overrides apply (AIRLOCK_STATE_SYNC, AIRLOCK_BATCH_*, ...);
     // the arguments below win over them.
     let mut config = Config::default();
@@ -193,6 +210,7 @@ fn main() -> anyhow::Result<()> {
         "broker hop at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} records (produce to readable)  {}",
         hop.p50, hop.p99, hop.count, hop.cpu
     );
+    println!("  {}", hop.broker);
     let (lat, split, ready_after) = latency(&config, core, &names, rate, args.latency_seconds)?;
     println!(
         "latency at {rate:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} proposals (produce to decision readable)  p50 ratio to two hops {:.2}  {}",
@@ -202,6 +220,7 @@ fn main() -> anyhow::Result<()> {
         lat.p50 / (2.0 * hop.p50),
         lat.cpu
     );
+    println!("  {}", lat.broker);
     println!(
         "  load started once the instance was ready ({:.1} s after it started)",
         ready_after.as_secs_f64()
@@ -262,6 +281,8 @@ const USER_HZ: f64 = 100.0;
 #[derive(Debug, Clone, Copy)]
 struct Cpu {
     process: u64,
+    /// The broker's process, when it runs on this machine and was found (see [`Broker`]).
+    broker: Option<u64>,
     busy: u64,
     steal: u64,
     total: u64,
@@ -272,24 +293,14 @@ impl Cpu {
         let process =
             std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
         let machine = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
-        Cpu::parse(&process, &machine)
+        let mut cpu = Cpu::parse(&process, &machine)?;
+        cpu.broker = BROKER.get().copied().flatten().and_then(Broker::ticks);
+        Ok(cpu)
     }
 
-    /// From the texts of `/proc/self/stat` and `/proc/stat`.
+    /// From the texts of `/proc/self/stat` and `/proc/stat` (no broker).
     fn parse(process: &str, machine: &str) -> anyhow::Result<Self> {
-        // After the command name (in parentheses, may hold spaces) come field 3 (state) on;
-        // utime and stime are fields 14 and 15.
-        let (_, rest) = process
-            .rsplit_once(')')
-            .context("/proc/self/stat has no command name")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| -> anyhow::Result<u64> {
-            Ok(fields
-                .get(n - 3)
-                .context("/proc/self/stat has too few fields")?
-                .parse()?)
-        };
-        let process = field(14)? + field(15)?;
+        let process = process_ticks(process)?;
         let ticks: Vec<u64> = machine
             .lines()
             .next()
@@ -305,6 +316,7 @@ impl Cpu {
         let busy = user + nice + system + irq + softirq;
         Ok(Cpu {
             process,
+            broker: None,
             busy,
             steal,
             total: busy + idle + iowait + steal,
@@ -314,9 +326,13 @@ impl Cpu {
     /// What was used from `start` to `self`, over `inputs` proposals.
     fn since(self, start: Cpu, inputs: f64) -> CpuUsage {
         let total = (self.total - start.total).max(1) as f64;
+        let per_input = |ticks: u64| ticks as f64 / USER_HZ * 1e6 / inputs.max(1.0);
         CpuUsage {
-            process_micros_per_input: (self.process - start.process) as f64 / USER_HZ * 1e6
-                / inputs.max(1.0),
+            process_micros_per_input: per_input(self.process - start.process),
+            broker_micros_per_input: match (start.broker, self.broker) {
+                (Some(from), Some(to)) => Some(per_input(to.saturating_sub(from))),
+                _ => None,
+            },
             machine_busy: (self.busy - start.busy) as f64 / total,
             machine_steal: (self.steal - start.steal) as f64 / total,
         }
@@ -327,6 +343,8 @@ impl Cpu {
 #[derive(Debug, Clone, Copy)]
 struct CpuUsage {
     process_micros_per_input: f64,
+    /// The broker's CPU per proposal, when its process was found on this machine.
+    broker_micros_per_input: Option<f64>,
     /// Share of all cores' time, 0 to 1.
     machine_busy: f64,
     machine_steal: f64,
@@ -336,12 +354,109 @@ impl std::fmt::Display for CpuUsage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "cpu {:.0} µs per proposal in this process, machine {:.0}% busy",
-            self.process_micros_per_input,
-            100.0 * self.machine_busy
+            "cpu {:.0} µs per proposal in this process",
+            self.process_micros_per_input
         )?;
+        if let Some(broker) = self.broker_micros_per_input {
+            write!(f, ", {broker:.0} in the broker")?;
+        }
+        write!(f, ", machine {:.0}% busy", 100.0 * self.machine_busy)?;
         if self.machine_steal >= 0.005 {
             write!(f, " ({:.0}% stolen)", 100.0 * self.machine_steal)?;
+        }
+        Ok(())
+    }
+}
+
+/// utime + stime of a `/proc/PID/stat` text, in clock ticks.
+fn process_ticks(stat: &str) -> anyhow::Result<u64> {
+    // After the command name (in parentheses, may hold spaces) come field 3 (state) on; utime
+    // and stime are fields 14 and 15.
+    let (_, rest) = stat
+        .rsplit_once(')')
+        .context("/proc/PID/stat has no command name")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        Ok(fields
+            .get(n - 3)
+            .context("/proc/PID/stat has too few fields")?
+            .parse()?)
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+/// The broker's process, found once by name (`--broker-process`): `None` when it does not run
+/// on this machine (a remote cluster) or was not found.
+static BROKER: std::sync::OnceLock<Option<Broker>> = std::sync::OnceLock::new();
+
+/// A broker process on this machine (a local container's processes are visible in the host's
+/// `/proc`), whose CPU each phase reports beside this process's: on two cores the broker's
+/// share is part of what a phase costs.
+#[derive(Debug, Clone, Copy)]
+struct Broker {
+    pid: u32,
+}
+
+impl Broker {
+    /// The first process whose command name (`/proc/PID/comm`) is `name`.
+    fn find(name: &str) -> Option<Broker> {
+        let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+            .ok()?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim_end() == name)
+            })
+            .map(|pid| Broker { pid })
+    }
+
+    /// Its CPU time so far, in clock ticks; `None` once it is gone.
+    fn ticks(self) -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        process_ticks(&stat).ok()
+    }
+}
+
+/// The broker's CPU second by second over a paced phase, in cores (1.0 = one core busy): the
+/// trend shows whether its cost per record grows with the log (tansu 0.6's memory engine lists
+/// every stored batch of a partition on each fetch).
+#[derive(Debug, Default)]
+struct BrokerTrend {
+    last: Option<(Instant, u64)>,
+    cores: Vec<f64>,
+}
+
+impl BrokerTrend {
+    /// Takes a sample when a second has passed since the last one (the first call starts it).
+    fn tick(&mut self) {
+        let Some(ticks) = BROKER.get().copied().flatten().and_then(Broker::ticks) else {
+            return;
+        };
+        let now = Instant::now();
+        match self.last {
+            None => self.last = Some((now, ticks)),
+            Some((at, before)) if now.duration_since(at) >= Duration::from_secs(1) => {
+                let seconds = now.duration_since(at).as_secs_f64();
+                self.cores
+                    .push(ticks.saturating_sub(before) as f64 / USER_HZ / seconds);
+                self.last = Some((now, ticks));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+impl std::fmt::Display for BrokerTrend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.cores.is_empty() {
+            return write!(f, "broker process not found");
+        }
+        write!(f, "broker cores by second:")?;
+        for c in &self.cores {
+            write!(f, " {c:.2}")?;
         }
         Ok(())
     }
@@ -423,7 +538,12 @@ fn run_processor(
                 .map_err(|_| anyhow::anyhow!("processor panicked"))?;
             anyhow::bail!("the processor stopped after {size} decisions: {result:?}");
         }
-        std::thread::sleep(Duration::from_millis(5));
+        // Each look is two ListOffsets requests per partition, which tansu 0.6 answers by
+        // listing every batch stored in the partition: looking every 5 ms throughout took
+        // broker CPU from the processor being measured. Fine steps where the clock starts and
+        // stops, coarse ones in between.
+        let coarse = started.is_some() && size < target_new - target_new / 10;
+        std::thread::sleep(Duration::from_millis(if coarse { 50 } else { 5 }));
     }
     let (t0, s0, cpu0) = started.context("no decision seen")?;
     let elapsed = t0.elapsed().as_secs_f64();
@@ -722,6 +842,7 @@ struct RoundTrip {
     p99: f64,
     count: u64,
     cpu: CpuUsage,
+    broker: BrokerTrend,
 }
 
 /// A paced sender sleeps only for a record due more than this far ahead and sends the records
@@ -795,7 +916,11 @@ fn paced_round_trip(
     let deadline = Instant::now() + Duration::from_secs(paced.seconds + 60);
     let marker = Producer::new(&config.client_config(), 0)?;
     let mut quiet_since = Instant::now();
+    let mut broker = BrokerTrend::default();
     while (hist.len() as usize) < total && Instant::now() < deadline {
+        if !sender.is_finished() {
+            broker.tick();
+        }
         let Some(m) = reader.poll(Duration::from_millis(20)) else {
             if sender.is_finished() && quiet_since.elapsed() >= Duration::from_millis(100) {
                 let marks: Vec<OutRecord> = (0..config.topics.partitions)
@@ -819,6 +944,7 @@ fn paced_round_trip(
         p99: hist.value_at_quantile(0.99) as f64 / 1000.0,
         count: hist.len(),
         cpu: Cpu::now()?.since(cpu, hist.len() as f64),
+        broker,
     })
 }
 
@@ -843,6 +969,7 @@ mod tests {
 
         let later = Cpu {
             process: cpu.process + 100,
+            broker: None,
             busy: cpu.busy + 150,
             steal: cpu.steal + 10,
             total: cpu.total + 200,
@@ -858,6 +985,47 @@ mod tests {
             usage.to_string(),
             "cpu 2000 µs per proposal in this process, machine 75% busy (5% stolen)"
         );
+
+        // With the broker's process found at both ends, its share is reported beside ours.
+        let with_broker = |ticks| Cpu {
+            broker: Some(ticks),
+            ..cpu
+        };
+        let usage = Cpu {
+            broker: Some(40),
+            ..later
+        }
+        .since(with_broker(15), 500.0);
+        assert_eq!(
+            usage.broker_micros_per_input,
+            Some(500.0),
+            "0.25 s over 500"
+        );
+        assert_eq!(
+            usage.to_string(),
+            "cpu 2000 µs per proposal in this process, 500 in the broker, machine 75% busy (5% stolen)"
+        );
+        assert_eq!(
+            later.since(with_broker(15), 500.0).broker_micros_per_input,
+            None,
+            "gone by the end: not reported"
+        );
+    }
+
+    #[test]
+    fn the_broker_is_found_by_command_name_and_its_ticks_read() {
+        let comm = std::fs::read_to_string("/proc/self/comm").expect("procfs");
+        let found = Broker::find(comm.trim_end()).expect("this process is running");
+        assert!(found.ticks().is_some());
+        assert!(Broker::find("no-such-process-name").is_none());
+    }
+
+    #[test]
+    fn the_broker_trend_prints_its_cores_by_second() {
+        let mut trend = BrokerTrend::default();
+        assert_eq!(trend.to_string(), "broker process not found");
+        trend.cores = vec![0.25, 0.5];
+        assert_eq!(trend.to_string(), "broker cores by second: 0.25 0.50");
     }
 
     #[test]
