@@ -378,6 +378,31 @@ where
     })
 }
 
+/// Environment overrides read through `lookup` (the environment, or a map in tests), each
+/// variable named once beside the field it sets.
+struct Env<'a, F: Fn(&str) -> Option<String>>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    /// Sets `field` to the variable's value parsed as its type (surrounding whitespace
+    /// ignored) when the variable is set; a value that does not parse is an error naming it.
+    fn parse<T: std::str::FromStr>(&self, name: &'static str, field: &mut T) -> Result<()>
+    where
+        T::Err: std::fmt::Display,
+    {
+        if let Some(v) = (self.0)(name) {
+            *field = env_value(name, v)?;
+        }
+        Ok(())
+    }
+
+    /// Sets `field` to the variable's value as given (names, addresses, paths) when it is set.
+    fn take<T: From<String>>(&self, name: &str, field: &mut T) {
+        if let Some(v) = (self.0)(name) {
+            *field = T::from(v);
+        }
+    }
+}
+
 impl Kafka {
     /// Sets a consumer's `fetch.wait.max.ms` to `ms` unless `properties` names it. A consumer
     /// that batches over `ms` gains nothing from a fetch held longer, and a broker that answers
@@ -413,9 +438,7 @@ impl Kafka {
     /// `AIRLOCK_KAFKA_BROKERS` and `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`), for every Airlock
     /// process that talks to the cluster.
     pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
-        if let Some(v) = lookup("AIRLOCK_KAFKA_BROKERS") {
-            self.brokers = v;
-        }
+        Env(lookup).take("AIRLOCK_KAFKA_BROKERS", &mut self.brokers);
         if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
             for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
                 let Some((k, val)) = pair.split_once('=') else {
@@ -478,15 +501,13 @@ const OWNED_PROPERTIES: &[(&[&str], &str)] = &[
 impl Topics {
     /// `AIRLOCK_TOPICS_PREFIX`, `_PARTITIONS` and `_REPLICATION_FACTOR`.
     pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PREFIX") {
-            self.prefix = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_PARTITIONS") {
-            self.partitions = env_value("AIRLOCK_TOPICS_PARTITIONS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_TOPICS_REPLICATION_FACTOR") {
-            self.replication_factor = env_value("AIRLOCK_TOPICS_REPLICATION_FACTOR", v)?;
-        }
+        let env = Env(lookup);
+        env.take("AIRLOCK_TOPICS_PREFIX", &mut self.prefix);
+        env.parse("AIRLOCK_TOPICS_PARTITIONS", &mut self.partitions)?;
+        env.parse(
+            "AIRLOCK_TOPICS_REPLICATION_FACTOR",
+            &mut self.replication_factor,
+        )?;
         Ok(())
     }
 }
@@ -511,86 +532,72 @@ impl Config {
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
         self.kafka.apply_env(&lookup)?;
         self.topics.apply_env(&lookup)?;
-        if let Some(v) = lookup("AIRLOCK_STATE_DIR") {
-            self.state.dir = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_BATCH_MAX_RECORDS") {
-            self.batch.max_records = env_value("AIRLOCK_BATCH_MAX_RECORDS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_BATCH_FLUSH_INTERVAL_MS") {
-            self.batch.flush_interval_ms = env_value("AIRLOCK_BATCH_FLUSH_INTERVAL_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_BATCH_IDLE_MS") {
-            self.batch.idle_ms = env_value("AIRLOCK_BATCH_IDLE_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_BATCH_MAX_IN_FLIGHT") {
-            self.batch.max_in_flight = env_value("AIRLOCK_BATCH_MAX_IN_FLIGHT", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_REGISTRY") {
-            self.tools.registry = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_POLICIES") {
-            self.tools.policies = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_ENTITIES") {
-            self.tools.entities = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_STATE_SYNC") {
-            self.state.sync = env_value("AIRLOCK_STATE_SYNC", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S") {
-            self.state.background_write_mib_per_s =
-                env_value("AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE") {
-            self.state.background_write_auto_tune =
-                env_value("AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_INSTANCE") {
-            self.processor.instance = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_GROUP_ID") {
-            self.processor.group_id = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_SESSION_TIMEOUT_MS") {
-            self.processor.session_timeout_ms = env_value("AIRLOCK_SESSION_TIMEOUT_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_MAX_POLL_INTERVAL_MS") {
-            self.processor.max_poll_interval_ms = env_value("AIRLOCK_MAX_POLL_INTERVAL_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_TIMERS_PER_BATCH") {
-            self.processor.timers_per_batch = env_value("AIRLOCK_TIMERS_PER_BATCH", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_CHECKPOINT_INTERVAL_MS") {
-            self.processor.checkpoint_interval_ms = env_value("AIRLOCK_CHECKPOINT_INTERVAL_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_CHANGELOG_SWEEP_MS") {
-            self.processor.changelog_sweep_ms = env_value("AIRLOCK_CHANGELOG_SWEEP_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_CLAIM_STALL_TIMEOUT_MS") {
-            self.processor.claim_stall_timeout_ms = env_value("AIRLOCK_CLAIM_STALL_TIMEOUT_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_LINGER_MS") {
-            self.processor.linger_ms = env_value("AIRLOCK_LINGER_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_THREADS") {
-            self.processor.threads = env_value("AIRLOCK_THREADS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_CAPABILITY_SIGNING_KEY_FILE") {
-            self.capability.signing_key_file = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_RECEIPTS_SIGNING_KEY_FILE") {
-            self.receipts.signing_key_file = PathBuf::from(v);
-        }
-        if let Some(v) = lookup("AIRLOCK_TELEMETRY_LISTEN") {
-            self.telemetry.listen = v;
-        }
-        if let Some(v) = lookup("AIRLOCK_TELEMETRY_STALL_AFTER_MS") {
-            self.telemetry.stall_after_ms = env_value("AIRLOCK_TELEMETRY_STALL_AFTER_MS", v)?;
-        }
-        if let Some(v) = lookup("AIRLOCK_TELEMETRY_OTLP_ENDPOINT") {
-            self.telemetry.otlp_endpoint = v;
-        }
+        let env = Env(&lookup);
+        env.take("AIRLOCK_STATE_DIR", &mut self.state.dir);
+        env.parse("AIRLOCK_BATCH_MAX_RECORDS", &mut self.batch.max_records)?;
+        env.parse(
+            "AIRLOCK_BATCH_FLUSH_INTERVAL_MS",
+            &mut self.batch.flush_interval_ms,
+        )?;
+        env.parse("AIRLOCK_BATCH_IDLE_MS", &mut self.batch.idle_ms)?;
+        env.parse("AIRLOCK_BATCH_MAX_IN_FLIGHT", &mut self.batch.max_in_flight)?;
+        env.take("AIRLOCK_REGISTRY", &mut self.tools.registry);
+        env.take("AIRLOCK_POLICIES", &mut self.tools.policies);
+        env.take("AIRLOCK_ENTITIES", &mut self.tools.entities);
+        env.parse("AIRLOCK_STATE_SYNC", &mut self.state.sync)?;
+        env.parse(
+            "AIRLOCK_STATE_BACKGROUND_WRITE_MIB_PER_S",
+            &mut self.state.background_write_mib_per_s,
+        )?;
+        env.parse(
+            "AIRLOCK_STATE_BACKGROUND_WRITE_AUTO_TUNE",
+            &mut self.state.background_write_auto_tune,
+        )?;
+        env.take("AIRLOCK_INSTANCE", &mut self.processor.instance);
+        env.take("AIRLOCK_GROUP_ID", &mut self.processor.group_id);
+        env.parse(
+            "AIRLOCK_SESSION_TIMEOUT_MS",
+            &mut self.processor.session_timeout_ms,
+        )?;
+        env.parse(
+            "AIRLOCK_MAX_POLL_INTERVAL_MS",
+            &mut self.processor.max_poll_interval_ms,
+        )?;
+        env.parse(
+            "AIRLOCK_TIMERS_PER_BATCH",
+            &mut self.processor.timers_per_batch,
+        )?;
+        env.parse(
+            "AIRLOCK_CHECKPOINT_INTERVAL_MS",
+            &mut self.processor.checkpoint_interval_ms,
+        )?;
+        env.parse(
+            "AIRLOCK_CHANGELOG_SWEEP_MS",
+            &mut self.processor.changelog_sweep_ms,
+        )?;
+        env.parse(
+            "AIRLOCK_CLAIM_STALL_TIMEOUT_MS",
+            &mut self.processor.claim_stall_timeout_ms,
+        )?;
+        env.parse("AIRLOCK_LINGER_MS", &mut self.processor.linger_ms)?;
+        env.parse("AIRLOCK_THREADS", &mut self.processor.threads)?;
+        env.take(
+            "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
+            &mut self.capability.signing_key_file,
+        );
+        env.take(
+            "AIRLOCK_RECEIPTS_SIGNING_KEY_FILE",
+            &mut self.receipts.signing_key_file,
+        );
+        env.take("AIRLOCK_TELEMETRY_LISTEN", &mut self.telemetry.listen);
+        env.parse(
+            "AIRLOCK_TELEMETRY_STALL_AFTER_MS",
+            &mut self.telemetry.stall_after_ms,
+        )?;
+        env.take(
+            "AIRLOCK_TELEMETRY_OTLP_ENDPOINT",
+            &mut self.telemetry.otlp_endpoint,
+        );
         Ok(())
     }
 
@@ -786,6 +793,44 @@ partitions = 12
                 .to_string()
                 .contains("topics.prefix")
         );
+    }
+
+    #[test]
+    fn every_variable_in_the_table_overrides_a_field_and_no_other_is_read() {
+        use std::cell::RefCell;
+        use std::collections::BTreeSet;
+        let documented: BTreeSet<String> = include_str!("config.rs")
+            .lines()
+            .take_while(|line| line.starts_with("//!"))
+            .filter(|line| line.starts_with("//! | `"))
+            .flat_map(|line| line.split('`').filter(|w| w.starts_with("AIRLOCK_")))
+            .map(str::to_owned)
+            .collect();
+        assert!(documented.len() > 30, "{documented:?}");
+        let asked = RefCell::new(BTreeSet::new());
+        Config::default()
+            .apply_env(|name| {
+                asked.borrow_mut().insert(name.to_owned());
+                None
+            })
+            .unwrap();
+        let asked = asked.into_inner();
+        let unread: Vec<_> = documented.difference(&asked).collect();
+        let undocumented: Vec<_> = asked.difference(&documented).collect();
+        assert!(unread.is_empty(), "documented, never read: {unread:?}");
+        assert!(
+            undocumented.is_empty(),
+            "read, not in the table: {undocumented:?}"
+        );
+        for name in &documented {
+            // A value each kind of field takes and that differs from its default.
+            let changes = ["7", "false", "true", "k=v"].iter().any(|value| {
+                let mut config = Config::default();
+                let applied = config.apply_env(|n| (n == name).then(|| (*value).to_owned()));
+                applied.is_ok() && config != Config::default()
+            });
+            assert!(changes, "{name} sets no field");
+        }
     }
 
     #[test]
