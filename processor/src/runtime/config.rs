@@ -157,7 +157,10 @@ pub struct Processor {
     pub linger_ms: u64,
     /// Threads that decide and seal a batch's partitions side by side, the polling one
     /// included; one partition is only ever on one thread, and no more threads run than
-    /// partitions have records. 1 = everything on the polling thread. (The commits' fsyncs
+    /// partitions have records, nor more than one per `decide::MIN_RECORDS_PER_LANE` (64)
+    /// records of the batch (a small batch is decided on the polling thread alone: a thread
+    /// started for a few records costs more than it saves). 1 = everything on the polling
+    /// thread. (The commits' fsyncs
     /// run on the sender thread, off these threads.)
     pub threads: usize,
 }
