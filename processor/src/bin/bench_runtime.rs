@@ -294,7 +294,7 @@ impl Cpu {
             std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
         let machine = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
         let mut cpu = Cpu::parse(&process, &machine)?;
-        cpu.broker = BROKER.get().copied().flatten().and_then(Broker::ticks);
+        cpu.broker = broker_ticks();
         Ok(cpu)
     }
 
@@ -389,6 +389,11 @@ fn process_ticks(stat: &str) -> anyhow::Result<u64> {
 /// on this machine (a remote cluster) or was not found.
 static BROKER: std::sync::OnceLock<Option<Broker>> = std::sync::OnceLock::new();
 
+/// The CPU time so far of the broker found at start, if any (see [`BROKER`]).
+fn broker_ticks() -> Option<u64> {
+    BROKER.get().copied().flatten().and_then(Broker::ticks)
+}
+
 /// A broker process on this machine (a local container's processes are visible in the host's
 /// `/proc`), whose CPU each phase reports beside this process's: on two cores the broker's
 /// share is part of what a phase costs.
@@ -431,21 +436,23 @@ struct BrokerTrend {
 
 impl BrokerTrend {
     /// Takes a sample when a second has passed since the last one (the first call starts it).
+    /// Called once per record read: `/proc` is read only when a sample is due.
     fn tick(&mut self) {
-        let Some(ticks) = BROKER.get().copied().flatten().and_then(Broker::ticks) else {
+        let now = Instant::now();
+        if let Some((at, _)) = self.last
+            && now.duration_since(at) < Duration::from_secs(1)
+        {
+            return;
+        }
+        let Some(ticks) = broker_ticks() else {
             return;
         };
-        let now = Instant::now();
-        match self.last {
-            None => self.last = Some((now, ticks)),
-            Some((at, before)) if now.duration_since(at) >= Duration::from_secs(1) => {
-                let seconds = now.duration_since(at).as_secs_f64();
-                self.cores
-                    .push(ticks.saturating_sub(before) as f64 / USER_HZ / seconds);
-                self.last = Some((now, ticks));
-            }
-            Some(_) => {}
+        if let Some((at, before)) = self.last {
+            let seconds = now.duration_since(at).as_secs_f64();
+            self.cores
+                .push(ticks.saturating_sub(before) as f64 / USER_HZ / seconds);
         }
+        self.last = Some((now, ticks));
     }
 }
 
