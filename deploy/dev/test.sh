@@ -6,26 +6,28 @@
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
 #                      a fresh clone reuses earlier builds)
+#   AIRLOCK_CACHE      the brokers' jars and binaries; default $HOME/.cache/airlock
 #   AIRLOCK_SKIP_APT=1 never call apt-get (you installed the packages yourself)
-#   AIRLOCK_BROKER_IMAGE  broker image of the integration tests; default: the local tansu image,
-#                      built (once, cached) by deploy/broker/build-image.sh. Set it to use
-#                      another Kafka-protocol image (for example apache/kafka:<tag>).
+#   AIRLOCK_TEST_BROKER  the integration tests' broker: kafka (default: Apache Kafka 4.4 started
+#                      per test as a process), tansu, external (with AIRLOCK_TEST_BROKERS) or
+#                      container (with AIRLOCK_BROKER_IMAGE); tests/README.md has the details
+#   AIRLOCK_SKIP_CONTAINERS=1  skip the container test (and starting a Docker engine for it)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
 
+"$here/install-deps.sh"
 # shellcheck source=deploy/dev/env.sh
 source "$here/env.sh"
-"$here/install-deps.sh"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-if [ -z "${AIRLOCK_BROKER_IMAGE:-}" ]; then
-  step "broker image (the first build of tansu takes 20-30 minutes, then it is cached)"
-  AIRLOCK_BROKER_IMAGE="$("$root/deploy/broker/build-image.sh")"
-  export AIRLOCK_BROKER_IMAGE
+step "brokers (fetched once into the cache)"
+"$root/deploy/broker/kafka/install.sh" >/dev/null
+if [ "${AIRLOCK_TEST_BROKER:-kafka}" = "tansu" ]; then
+  "$root/deploy/broker/tansu/install.sh" >/dev/null
 fi
 
 step "cargo fmt --check"
@@ -39,3 +41,10 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace 
 
 step "cargo test"
 cargo test --workspace --locked
+
+if [ "${AIRLOCK_SKIP_CONTAINERS:-0}" != "1" ]; then
+  step "the container path: Apache Kafka in a container (testcontainers)"
+  "$root/deploy/dev/docker-engine.sh"
+  image="$("$root/deploy/broker/kafka/build-image.sh")"
+  AIRLOCK_CONTAINER_IMAGE="$image" cargo test --locked -p airlock-tests --test container -- --ignored
+fi

@@ -69,7 +69,16 @@ impl Airlock {
         partitions: i32,
         options: Options,
     ) -> anyhow::Result<Airlock> {
-        let broker = Broker::start().await?;
+        Self::on(Broker::start().await?, test, partitions, options).await
+    }
+
+    /// [`Airlock::start_with`] on a broker the test started itself (a cluster, a container).
+    pub async fn on(
+        broker: Broker,
+        test: &str,
+        partitions: i32,
+        options: Options,
+    ) -> anyhow::Result<Airlock> {
         let mut config = Config::default();
         config.kafka.brokers = broker.bootstrap.clone();
         config.topics.prefix = unique_prefix(test);
