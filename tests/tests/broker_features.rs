@@ -153,3 +153,76 @@ async fn consumer_group_rebalances_when_a_member_leaves() -> anyhow::Result<()> 
     .await?;
     Ok(())
 }
+
+/// Kafka transactions work on this broker: records of an aborted transaction are invisible to a
+/// `read_committed` reader, those of a committed one are read once. Airlock does not rely on
+/// them (its outbox and the consumers' deduplication make its outputs effectively once on any
+/// broker, README "Transactions"); this shows the optional mode would have a broker to run on.
+#[tokio::test]
+async fn aborted_transactions_are_invisible_to_read_committed_readers() -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let broker = Broker::start().await?;
+    if !broker.compatibility.has_transactions() {
+        eprintln!("skipped: {} has no transactions", broker.compatibility);
+        return Ok(());
+    }
+    let topic = topic(&broker, "transactions").await?;
+    let producer: BaseProducer = client(&broker)
+        .set("transactional.id", format!("{topic}-tx"))
+        .set("partitioner", LIBRDKAFKA_PARTITIONER)
+        .create()?;
+    producer.init_transactions(TIMEOUT)?;
+    let send = |key: &str| -> anyhow::Result<()> {
+        producer
+            .send(BaseRecord::to(&topic).key(key).payload(key))
+            .map_err(|(e, _)| anyhow::anyhow!("enqueueing {key}: {e}"))
+    };
+    producer.begin_transaction()?;
+    for i in 0..10 {
+        send(&format!("aborted-{i}"))?;
+    }
+    producer.flush(TIMEOUT)?;
+    producer.abort_transaction(TIMEOUT)?;
+    producer.begin_transaction()?;
+    for i in 0..10 {
+        send(&format!("committed-{i}"))?;
+    }
+    producer.commit_transaction(TIMEOUT)?;
+
+    let read = |isolation: &str| -> anyhow::Result<BTreeMap<String, u32>> {
+        let consumer: BaseConsumer = client(&broker)
+            .set("group.id", format!("{topic}-{isolation}"))
+            .set("isolation.level", isolation)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            assignment.add_partition_offset(&topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&assignment)?;
+        let mut seen = BTreeMap::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        // Until the stream has been quiet past every record: the aborted ones come first.
+        while std::time::Instant::now() < deadline {
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let key = String::from_utf8(m?.key().unwrap_or_default().to_vec())?;
+                *seen.entry(key).or_default() += 1;
+            }
+        }
+        Ok(seen)
+    };
+    let committed = read("read_committed")?;
+    let expected: BTreeMap<String, u32> = (0..10).map(|i| (format!("committed-{i}"), 1)).collect();
+    assert_eq!(committed, expected, "read_committed");
+    // The aborted records are in the log: a read_uncommitted reader sees them.
+    let uncommitted = read("read_uncommitted")?;
+    assert_eq!(
+        uncommitted
+            .keys()
+            .filter(|k| k.starts_with("aborted-"))
+            .count(),
+        10,
+        "{uncommitted:?}"
+    );
+    Ok(())
+}

@@ -559,6 +559,8 @@ async fn a_worker_killed_mid_call_twenty_times_leaves_one_effect_per_key_and_not
     let killer = async {
         let mut rng = Lcg(0x6b11);
         for i in 0..20 {
+            // A group of its own: the replacement takes every partition at once instead of
+            // waiting out the killed worker's session timeout (kills come every 2.5-5 s).
             let group = format!("kill-{i}");
             let worker = a.spawn_connector_in(
                 &format!("w{i}"),

@@ -1,4 +1,4 @@
-//! `airlock demo` end to end against a broker container: it starts the processor, the ledger and
+//! `airlock demo` end to end against the test broker: it starts the processor, the ledger and
 //! the connector workers itself, runs every seed scenario and exits 0 only when each ended as it
 //! should (one business effect where one was meant, none elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,6 +18,7 @@ async fn the_demo_runs_every_seed_scenario_to_its_expected_end() -> anyhow::Resu
     let work = tempfile::tempdir()?;
     let output = tokio::task::spawn_blocking({
         let bootstrap = broker.bootstrap.clone();
+        let compatibility = broker.compatibility;
         let work = work.path().to_owned();
         move || {
             Command::new(airlock_binary()?)
@@ -31,6 +32,7 @@ async fn the_demo_runs_every_seed_scenario_to_its_expected_end() -> anyhow::Resu
                 .args(["--wait-seconds", "120"])
                 .current_dir(&root)
                 .env("AIRLOCK_KAFKA_BROKERS", bootstrap)
+                .env("AIRLOCK_KAFKA_COMPATIBILITY", compatibility.to_string())
                 .env("AIRLOCK_TOPICS_PREFIX", unique_prefix("demo"))
                 .env("AIRLOCK_TOPICS_PARTITIONS", "2")
                 .env("AIRLOCK_SESSION_TIMEOUT_MS", "6000")

@@ -5,10 +5,10 @@
 //! uninterrupted run, and the frozen instance's late writes are on the topics but dropped by
 //! the fence.
 //!
-//! tansu 0.6 never evicts a member that stops heartbeating (see `Airlock::spawn_process`), so
-//! the replacement joins a fresh consumer group, as an operator's replacement would after
-//! declaring the frozen host dead; the frozen instance keeps its stale assignment when it
-//! resumes, which is exactly the zombie the fence is for.
+//! The replacement joins another consumer group, as an operator's replacement would after
+//! declaring the frozen host dead: the frozen instance keeps its stale assignment when it
+//! resumes and goes on writing, the zombie the fence is for. (`eviction.rs` has the zombie a
+//! group makes by itself: evicted while frozen, it writes until it learns.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;

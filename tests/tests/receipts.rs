@@ -90,8 +90,9 @@ async fn receipts_chain_across_a_crash_and_every_tampering_is_named() -> anyhow:
     child.kill()?;
     child.wait()?;
     // Another instance, without p1's state: it restores from the changelog and continues the
-    // chains from the heads the changelog carries (a fresh group: see `spawn_process`).
-    let mut child = a.spawn_process("p2", "group-1", &log)?;
+    // chains from the heads the changelog carries.
+    let group = a.replacement_group("group-0", "group-1");
+    let mut child = a.spawn_process("p2", group, &log)?;
     a.send_many(&producer, &topic, &proposals[200..], |p| {
         p.operation_key.as_str()
     })

@@ -6,12 +6,13 @@
 //! for its acknowledgement before calling downstream. A worker that gains a dispatch partition
 //! rebuilds the map from the co-partitioned outcomes partition before it reads a command
 //! there. The end of that partition is learnt read-your-writes, from the acknowledged offset of
-//! a barrier record (tansu 0.6 reports high watermarks that can stop inside the last batch).
+//! a barrier record, which holds on every broker (`airlock_processor::runtime::compat`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::runtime::scan;
 use airlock_processor::runtime::wire::{self, OutRecord};
 use airlock_schemas::{Codec, Outcome, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -100,9 +101,7 @@ pub fn rebuild(
     stall_timeout: Duration,
 ) -> Result<(Started, Report)> {
     let kafka = |source| Error::Kafka { partition, source };
-    let (low, _) = reader
-        .fetch_watermarks(topic, partition, Duration::from_secs(10))
-        .map_err(kafka)?;
+    let (low, _) = scan::watermarks(reader, topic, partition, stall_timeout).map_err(kafka)?;
     let acked = producer.send_phased(&[OutRecord::barrier(topic, partition)])?;
     let end = acked
         .offset_of(topic, partition)
@@ -136,7 +135,14 @@ pub fn rebuild(
                 }
                 continue;
             };
-            let message = message.map_err(kafka)?;
+            let message = match message {
+                Ok(m) => m,
+                Err(e) if scan::transient(&e) => {
+                    log::warn!("{topic}/{partition}: rebuilding on after: {e}");
+                    continue;
+                }
+                Err(e) => return Err(kafka(e)),
+            };
             progress = Instant::now();
             at = message.offset() + 1;
             if message.offset() >= end {

@@ -18,6 +18,11 @@
 //!    state; p50/p99 from produce to the decision being readable, next to the broker's own
 //!    share measured first in the same run: records at the same rate through one hop (produce
 //!    to readable, same producer and reader settings). The processor's path is two hops.
+//! 5. **Kafka Streams** (with `--streams-peer JAR`): the peer application in
+//!    `processor/bench-peer/kafka-streams` (RocksDB store keyed by operation key, dedup, SHA-256
+//!    of the canonical arguments, one dispatch and one decision per fresh proposal,
+//!    `exactly_once_v2`) over the same fresh proposals on topics of its own, then its latency
+//!    at half its own rate.
 //!
 //! The proposals are refunds of a fleet of agent runs (`sample::fleet_refund`: 1,000 runs, so
 //! that every proposal dispatches; with one run, every proposal past the run's dispatch budget
@@ -27,15 +32,15 @@
 //! thread: the in-process processor's and, in the last two phases, the load generator's and the
 //! reader's, which the hop phase shows alone) and how busy the whole machine was (the broker's
 //! container included): whether a phase was bound by CPU or by waiting. When the broker runs
-//! on this machine (`--broker-process`, `tansu` by default) its CPU per proposal is reported
-//! too, and the paced phases print it second by second: tansu 0.6's cost per record grows as
-//! its partitions fill (its memory engine lists every stored batch of a partition on each
-//! fetch), and at half load it is a large share of the two cores.
+//! on this machine (`--broker-process`, `java` by default: Apache Kafka) its CPU per proposal
+//! is reported too, and the paced phases print it second by second.
 //!
 //! ```sh
-//! docker run -d --rm -p 9092:9092 airlock/tansu:0.6.0 broker --storage-engine memory://tansu/ \
-//!   --listener-url tcp://0.0.0.0:9092 --advertised-listener-url tcp://localhost:9092
-//! cargo run --release -p airlock-processor --bin airlock-bench-runtime -- --proposals 30000
+//! deploy/broker/kafka/kafka.sh start /tmp/bench-kafka --port 9092
+//! jar="$(processor/bench-peer/kafka-streams/build.sh)"
+//! cargo run --release -p airlock-processor --bin airlock-bench-runtime -- --proposals 30000 \
+//!   --streams-peer "$jar"
+//! deploy/broker/kafka/kafka.sh stop /tmp/bench-kafka
 //! ```
 //!
 //! No connector runs here, so every dispatched attempt times out after its tool's
@@ -92,9 +97,17 @@ struct Args {
     latency_rate: Option<f64>,
     /// Command name of the broker's process, when it runs on this machine (a local
     /// container's processes are visible here): each phase then reports the broker's CPU too.
-    /// `java` for `apache/kafka`.
-    #[arg(long, default_value = "tansu")]
+    /// `java` for Apache Kafka (the lowest pid of that name: start the broker first), `tansu`.
+    #[arg(long, default_value = "java")]
     broker_process: String,
+    /// The Kafka Streams peer's jar (`processor/bench-peer/kafka-streams/build.sh` builds it
+    /// and prints its path): when given, the same fresh proposals, then a latency phase at
+    /// half its own rate, run through it on topics of its own, and it is compared.
+    #[arg(long)]
+    streams_peer: Option<std::path::PathBuf>,
+    /// Stream threads of the Kafka Streams peer.
+    #[arg(long, default_value_t = 2)]
+    streams_threads: u32,
 }
 
 fn now_ms() -> i64 {
@@ -235,7 +248,175 @@ fn main() -> anyhow::Result<()> {
             h.value_at_quantile(0.99) as f64
         );
     }
+    // 5. The Kafka Streams peer.
+    if let Some(jar) = &args.streams_peer {
+        let peer = streams_peer(&config, jar, args.streams_threads, &fresh, &args)?;
+        println!(
+            "kafka streams     {:>9.0} proposals/s  ratio {:.2}  airlock fresh ÷ streams {:.2}  {}  (the peer's JVM {:.0} µs per proposal)",
+            peer.rate,
+            peer.rate / pass_rate,
+            fresh_run.rate / peer.rate,
+            peer.cpu,
+            peer.peer_micros_per_input,
+        );
+        let l = &peer.latency;
+        println!(
+            "kafka streams latency at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms over {} proposals (produce to decision readable)  {}",
+            peer.latency_rate, l.p50, l.p99, l.count, l.cpu
+        );
+        println!("  {}", l.broker);
+    }
     Ok(())
+}
+
+/// What the Kafka Streams peer measured.
+struct PeerRun {
+    rate: f64,
+    cpu: CpuUsage,
+    /// CPU of the peer's own process (its JVM) per proposal, in µs.
+    peer_micros_per_input: f64,
+    latency_rate: f64,
+    latency: RoundTrip,
+}
+
+/// The Kafka Streams peer (`processor/bench-peer/kafka-streams`) over `fresh` on topics of its
+/// own (clock from its first decision to its last, as for the processor), then at half its own
+/// rate (or `--latency-rate`) for the latency.
+fn streams_peer(
+    config: &Config,
+    jar: &std::path::Path,
+    threads: u32,
+    fresh: &[ToolProposal],
+    args: &Args,
+) -> anyhow::Result<PeerRun> {
+    let mut config = config.clone();
+    config.topics.prefix = format!("bench-{:x}-streams.", now_ms());
+    let prefix = config.topics.prefix.clone();
+    let (proposals, decisions) = (format!("{prefix}proposals"), format!("{prefix}decisions"));
+    let plan: Vec<topics::TopicSpec> = ["proposals", "dispatch", "decisions"]
+        .iter()
+        .map(|t| topics::TopicSpec {
+            name: format!("{prefix}{t}"),
+            configs: Vec::new(),
+        })
+        .collect();
+    tokio::runtime::Runtime::new()?.block_on(topics::create(
+        &config,
+        &plan,
+        Duration::from_secs(30),
+    ))?;
+    produce_all(&config, &proposals, fresh)?;
+    let work = tempfile::tempdir()?;
+    let log = work.path().join("streams-peer.log");
+    let schemas = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/avro");
+    let mut child = std::process::Command::new("java")
+        .args(["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-jar"])
+        .arg(jar)
+        .arg(&config.kafka.brokers)
+        .arg(&prefix)
+        .arg(&schemas)
+        .arg(work.path().join("state"))
+        .arg(threads.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting java -jar {}", jar.display()))?;
+    let result = measure_peer(&config, &decisions, fresh.len(), child.id(), args);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    result.with_context(|| format!("the Kafka Streams peer (its log: {})", log.display()))
+}
+
+fn measure_peer(
+    config: &Config,
+    decisions: &str,
+    n: usize,
+    pid: u32,
+    args: &Args,
+) -> anyhow::Result<PeerRun> {
+    let peer_ticks = || -> anyhow::Result<u64> {
+        process_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?)
+    };
+    // Every decision readable (read_committed: the peer writes in transactions), counted.
+    let reader: BaseConsumer = config
+        .client_config()
+        .set("group.id", "bench-streams-watch")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..config.topics.partitions {
+        tpl.add_partition_offset(decisions, p, Offset::Beginning)?;
+    }
+    reader.assign(&tpl)?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut seen = 0usize;
+    let mut started = None;
+    while seen < n {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the peer decided {seen} of {n} in 600 s"
+        );
+        if let Some(m) = reader.poll(Duration::from_millis(20)) {
+            m?;
+            seen += 1;
+            if started.is_none() {
+                started = Some((Instant::now(), seen, Cpu::now()?, peer_ticks()?));
+            }
+        }
+    }
+    let (t0, s0, cpu0, peer0) = started.context("no decision seen")?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let decided = (n - s0 + 1) as f64;
+    let cpu = Cpu::now()?.since(cpu0, decided);
+    let peer_micros_per_input = (peer_ticks()? - peer0) as f64 / USER_HZ * 1e6 / decided.max(1.0);
+    let rate = decided / elapsed;
+    let latency_rate = args.latency_rate.unwrap_or((rate / 2.0).max(100.0));
+    let now = now_ms();
+    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let codec = Codec::new();
+    let latency = paced_round_trip(
+        config,
+        Paced {
+            send_to: &format!("{}proposals", config.topics.prefix),
+            read_from: decisions,
+            group: "bench-streams-latency",
+            rate: latency_rate,
+            seconds: args.latency_seconds,
+        },
+        {
+            let sent = sent.clone();
+            let codec = Codec::new();
+            move |i| {
+                let p = sample::fleet_refund(&format!("refund:kslat{i}"), i, now);
+                let payload = codec.encode_single_object(&p)?;
+                sent.lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .insert(p.proposal_id.clone(), Instant::now());
+                Ok((p.operation_key, payload))
+            }
+        },
+        |m| {
+            let Some(Ok(d)) = m.payload().map(|p| codec.decode_as::<Decision>(p)) else {
+                return Ok(None); // a barrier
+            };
+            let at = Instant::now();
+            Ok(sent
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .remove(&d.in_reply_to)
+                .map(|t| at.duration_since(t).as_micros() as u64))
+        },
+    )?;
+    Ok(PeerRun {
+        rate,
+        cpu,
+        peer_micros_per_input,
+        latency_rate,
+        latency,
+    })
 }
 
 fn base_producer(config: &Config) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
@@ -612,7 +793,7 @@ fn pass_through(
     let mut consumer_config = config.client_config();
     config
         .kafka
-        .fetch_wait(&mut consumer_config, config.batch.fetch_wait_ms());
+        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
     let consumer: BaseConsumer = consumer_config
         .set("group.id", format!("{}passthrough", config.topics.prefix))
         .set("enable.auto.commit", "false")

@@ -64,7 +64,7 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 2)]
     pub progress_seconds: u64,
     /// Write nothing: end at each partition's high watermark instead of at a barrier record
-    /// written now (tansu 0.6 reports watermarks that can miss the last records).
+    /// written now (see `runtime::compat` on brokers whose watermark lags).
     #[arg(long)]
     pub read_only: bool,
     /// Give up when a partition yields nothing for this long, in seconds.

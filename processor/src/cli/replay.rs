@@ -74,7 +74,7 @@ pub struct ReadArgs {
     #[arg(long)]
     pub json: bool,
     /// Write nothing: end at each partition's high watermark instead of at a barrier record
-    /// written now (tansu 0.6 reports watermarks that can miss the last records).
+    /// written now (see `runtime::compat` on brokers whose watermark lags).
     #[arg(long)]
     pub read_only: bool,
     /// How long to wait for the broker before giving up on a partition.

@@ -4,6 +4,7 @@
 //! | field | env override | default |
 //! | --- | --- | --- |
 //! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
+//! | `kafka.compatibility` (the broker's kind: `kafka` or `tansu-0.6`, see [`super::compat`]) | `AIRLOCK_KAFKA_COMPATIBILITY` | `kafka` |
 //! | `kafka.properties` (librdkafka properties: SASL, SSL, `compression.type`, ...; not those Airlock sets, see [`Kafka::validate`]) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none (producers: `compression.type=lz4`, `message.timeout.ms=120000`) |
 //! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
 //! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
@@ -187,6 +188,8 @@ impl Default for Processor {
 pub struct Kafka {
     /// Bootstrap servers, comma separated.
     pub brokers: String,
+    /// Which broker this is, where brokers differ (`super::compat`): `kafka` or `tansu-0.6`.
+    pub compatibility: super::compat::Broker,
     /// Passed through to librdkafka for every client (security.protocol, sasl.*, ssl.*, ...).
     pub properties: BTreeMap<String, String>,
 }
@@ -195,6 +198,7 @@ impl Default for Kafka {
     fn default() -> Self {
         Kafka {
             brokers: "localhost:9092".to_owned(),
+            compatibility: super::compat::Broker::Kafka,
             properties: BTreeMap::new(),
         }
     }
@@ -271,9 +275,9 @@ pub struct Batch {
     /// outbox row per partition and batch. 2000 rather than 500 gave duplicates ≈ +40% and
     /// fresh keys ≈ +8% in `airlock-bench-runtime` (`processor/BENCHMARKS.md`).
     pub max_records: usize,
-    /// A batch closes after this long even if not full: bounds added latency. The processor's
-    /// consumer fetches with a quarter of it as `fetch.wait.max.ms` (see `fetch_wait_ms`)
-    /// unless `kafka.properties` names one.
+    /// A batch closes after this long even if not full: bounds added latency. On a broker
+    /// that holds every fetch for its whole wait, the processor's consumer fetches with a
+    /// quarter of it as `fetch.wait.max.ms` (`Kafka::fetch_wait`).
     pub flush_interval_ms: u64,
     /// A batch also closes once no record arrived for this long: under light load a decision
     /// does not wait out the flush interval; under load the consumer's prefetched records
@@ -287,16 +291,6 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// The processor consumer's `fetch.wait.max.ms`: a quarter of the flush interval (5 ms by
-    /// default). On a broker that holds every fetch for its whole wait (tansu 0.6) a record
-    /// waits up to that long before its batch even starts; with the full interval (20 ms) the
-    /// decision latency at half load was p50 ≈ 55 ms, p99 ≈ 76 ms, with 5 ms p50 ≈ 39–44 ms, p99 ≈
-    /// 60–66 ms, fresh throughput unchanged (`airlock-bench-runtime`). On Kafka it only bounds
-    /// how long an idle fetch is held.
-    pub fn fetch_wait_ms(&self) -> u64 {
-        (self.flush_interval_ms / 4).max(1)
-    }
-
     /// How long the next poll of a batch whose first record came at `first` may wait; `None`
     /// once the flush interval is over. A batch closes when full, at the flush interval, or
     /// when a poll this long returns nothing (`idle_ms`).
@@ -407,14 +401,15 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
 }
 
 impl Kafka {
-    /// Sets a consumer's `fetch.wait.max.ms` to `ms` unless `properties` names it. A consumer
-    /// that batches over `ms` gains nothing from a fetch held longer, and a broker that answers
-    /// a fetch only when its wait runs out (tansu 0.6 does, even with records waiting) would
-    /// add the librdkafka default of 500 ms to every input. Kafka answers as soon as records
-    /// arrive, so there it only bounds how long an idle fetch is held.
-    pub fn fetch_wait(&self, consumer: &mut rdkafka::ClientConfig, ms: u64) {
-        if !self.properties.contains_key("fetch.wait.max.ms") {
-            consumer.set("fetch.wait.max.ms", ms.max(1).to_string());
+    /// Sets a consumer's `fetch.wait.max.ms` for a reader that batches over
+    /// `flush_interval_ms`, where the broker needs it (`compat::Broker::fetch_wait_ms`) and
+    /// `properties` does not name it.
+    pub fn fetch_wait(&self, consumer: &mut rdkafka::ClientConfig, flush_interval_ms: u64) {
+        if self.properties.contains_key("fetch.wait.max.ms") {
+            return;
+        }
+        if let Some(ms) = self.compatibility.fetch_wait_ms(flush_interval_ms) {
+            consumer.set("fetch.wait.max.ms", ms.to_string());
         }
     }
 
@@ -438,10 +433,13 @@ impl Kafka {
         Ok(())
     }
 
-    /// `AIRLOCK_KAFKA_BROKERS` and `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`), for every Airlock
+    /// `AIRLOCK_KAFKA_BROKERS`, `AIRLOCK_KAFKA_COMPATIBILITY` and `AIRLOCK_KAFKA_PROPERTIES`
+    /// (`k=v,k=v`), for every Airlock
     /// process that talks to the cluster.
     pub fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<()> {
-        Env(lookup).take("AIRLOCK_KAFKA_BROKERS", &mut self.brokers);
+        let env = Env(lookup);
+        env.take("AIRLOCK_KAFKA_BROKERS", &mut self.brokers);
+        env.parse("AIRLOCK_KAFKA_COMPATIBILITY", &mut self.compatibility)?;
         if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
             for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
                 let Some((k, val)) = pair.split_once('=') else {
@@ -827,11 +825,13 @@ partitions = 12
         );
         for name in &documented {
             // A value each kind of field takes and that differs from its default.
-            let changes = ["7", "false", "true", "k=v"].iter().any(|value| {
-                let mut config = Config::default();
-                let applied = config.apply_env(|n| (n == name).then(|| (*value).to_owned()));
-                applied.is_ok() && config != Config::default()
-            });
+            let changes = ["7", "false", "true", "k=v", "tansu-0.6"]
+                .iter()
+                .any(|value| {
+                    let mut config = Config::default();
+                    let applied = config.apply_env(|n| (n == name).then(|| (*value).to_owned()));
+                    applied.is_ok() && config != Config::default()
+                });
             assert!(changes, "{name} sets no field");
         }
     }

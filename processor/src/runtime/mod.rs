@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: the one configuration file and its environment overrides.
+//! - [`compat`]: how brokers other than Apache Kafka differ, and the workarounds, in one place.
 //! - [`partitioner`]: the partition of an operation key (Kafka's murmur2).
 //! - [`topics`]: topic names, `airlock topics create`, the co-partitioning check.
 //! - [`wire`]: output headers, owner-epoch fence markers, the outbox row format, the
@@ -18,6 +19,7 @@
 //! - [`logging`]: the stderr logger.
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
+pub mod compat;
 pub mod config;
 pub mod decide;
 pub mod flight;

@@ -489,7 +489,7 @@ impl PartitionTask {
         log::warn!(
             "partition {}: {topic} carries producer timestamps (CreateTime): records are \
              decided at the time their producer chose; set message.timestamp.type=LogAppendTime \
-             on the topic (`airlock topics create` does on new topics; tansu 0.6 ignores it); \
+             on the topic (`airlock topics create` does on new topics; some brokers ignore it); \
              airlock_producer_time_inputs_total counts them",
             self.partition()
         );

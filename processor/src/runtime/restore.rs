@@ -179,12 +179,10 @@ impl Claim {
 
         // 1. Is the local state current?
         let topic = self.names.changelog();
-        let (low, _) = self
-            .reader
-            .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+        let (low, _) = super::scan::watermarks(&self.reader, &topic, partition, self.stall_timeout)
             .map_err(|source| Error::Kafka { partition, source })?;
         // The end of the changelog, read-your-writes: the offset of a barrier record produced
-        // now. (tansu 0.6 reports a high watermark that can stop inside the last batch.)
+        // now (see `compat`).
         let barrier = self
             .producer
             .send_phased(&[OutRecord::barrier(&topic, partition)])?;
@@ -451,7 +449,14 @@ impl Claim {
                     }
                     continue;
                 };
-                let message = message.map_err(kafka)?;
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) if super::scan::transient(&e) => {
+                        log::warn!("partition {partition}: restoring on after: {e}");
+                        continue;
+                    }
+                    Err(e) => return Err(kafka(e)),
+                };
                 progress = Instant::now();
                 self.telemetry.beat();
                 let offset = message.offset();

@@ -118,6 +118,8 @@ struct Ctx {
     shared: Arc<Mutex<Shared>>,
     claim: Arc<Claim>,
     inputs: Vec<String>,
+    /// Where a gained partition's fetch starts (`compat::Broker::resume_offset`).
+    broker: super::compat::Broker,
     telemetry: Arc<Telemetry>,
 }
 
@@ -269,13 +271,7 @@ impl Ctx {
                 report.rewritten,
             );
             for topic in &self.inputs {
-                // Fetching from an offset inside a produced batch can return the next batch on
-                // tansu 0.6 (records silently skipped), so the fetch starts up to REWIND
-                // records earlier and the task drops what it already consumed.
-                let offset = match task.stored_offset(topic)? {
-                    Some(o) if o > REWIND => Offset::Offset(o - REWIND),
-                    _ => Offset::Beginning,
-                };
+                let offset = self.broker.resume_offset(task.stored_offset(topic)?);
                 assignment.add_partition_offset(topic, p, offset)?;
             }
             shared.tasks.insert(p, task);
@@ -388,9 +384,6 @@ fn send_closing_checkpoints(shared: &mut Shared, producer: &Producer, now: i64) 
     // Sealed durably: nothing to sync first.
     Ok(shared.flights.send(producer, sealed, Vec::new())?)
 }
-
-/// How far before its stored offset a task's fetch starts (see `Ctx::assign`).
-const REWIND: i64 = 2_000;
 
 /// Commits every owned task's next offsets to the group (monitoring only: the offsets that
 /// count are stored with each task's state). A failure is logged, not fatal.
@@ -550,6 +543,7 @@ fn run_loop(
         shared: shared.clone(),
         claim: claim.clone(),
         inputs: inputs.clone(),
+        broker: config.kafka.compatibility,
         telemetry: telemetry.clone(),
     };
     let mut consumer_config = config.client_config();
@@ -581,9 +575,8 @@ fn run_loop(
         );
     config
         .kafka
-        .fetch_wait(&mut consumer_config, config.batch.fetch_wait_ms());
-    // No static membership (group.instance.id): tansu 0.6 revokes a static member's assignment
-    // right after it is given and never assigns again (seen here with librdkafka 2.12).
+        .fetch_wait(&mut consumer_config, config.batch.flush_interval_ms);
+    // No static membership (group.instance.id): see `compat`.
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     let topic_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&topic_refs)?;

@@ -4,15 +4,15 @@
 //!
 //! Used by `airlock replay`, `airlock audit` and the what-if evaluation. Where a scan ends:
 //! - by default, at a barrier record written now ([`Scanner::barrier_ends`]): its
-//!   acknowledged offset is the true end of the partition. tansu 0.6 reports a high watermark
-//!   that stops inside the last produced batch, so without a barrier the last records of a
-//!   quiet topic would be missed. Barriers carry owner epoch 0 and every consumer skips them.
+//!   acknowledged offset is the true end of the partition on any broker (see `compat`).
+//!   Barriers carry owner epoch 0 and every consumer skips them.
 //! - read-only (no write permission): at the high watermark when the scan starts, and then on
 //!   as long as the broker delivers records (an open end), stopping at the first quiet poll.
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -83,6 +83,38 @@ pub struct Scanner<'c> {
     pub stall_timeout: Duration,
 }
 
+/// True for a consumer error librdkafka recovers from by itself (a broker gone, a leader
+/// moving, a coordinator loading): a reader logs it and polls on, its stall timeout still
+/// bounding the wait. Only librdkafka's fatal errors end a read.
+pub fn transient(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
+}
+
+/// `fetch_watermarks` of `topic`'s `partition`, asked again on errors until `within` has
+/// passed: while a leader moves or a broker restarts, the request fails for a few seconds.
+pub fn watermarks<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    within: Duration,
+) -> KafkaResult<(i64, i64)> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_watermarks(topic, partition, left.min(Duration::from_secs(10))) {
+            Ok(marks) => return Ok(marks),
+            Err(e) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                log::warn!("{topic}/{partition}: asking the watermarks again: {e}");
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The pause between two tries of a request that failed transiently.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
 impl std::fmt::Debug for Scanner<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scanner")
@@ -94,13 +126,13 @@ impl std::fmt::Debug for Scanner<'_> {
 impl Scanner<'_> {
     /// Where `topic`'s `partition` starts and ends now, the end cut at `until` (exclusive).
     pub fn bounds(&self, topic: &str, partition: i32, until: Option<i64>) -> Result<Bounds> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(topic, partition, self.stall_timeout)
-            .map_err(|source| Error::Kafka {
-                topic: topic.to_owned(),
-                partition,
-                source,
+        let (low, high) =
+            watermarks(self.consumer, topic, partition, self.stall_timeout).map_err(|source| {
+                Error::Kafka {
+                    topic: topic.to_owned(),
+                    partition,
+                    source,
+                }
             })?;
         Ok(Bounds {
             low,
@@ -127,10 +159,8 @@ impl Scanner<'_> {
             let end = acked
                 .offset_of(t, *p)
                 .expect("every barrier was acknowledged");
-            let low = self
-                .consumer
-                .fetch_watermarks(t, *p, self.stall_timeout)
-                .map_or(0, |(low, _)| low);
+            let low =
+                watermarks(self.consumer, t, *p, self.stall_timeout).map_or(0, |(low, _)| low);
             out.push(Bounds {
                 low,
                 high: until.map_or(end, |u| u.min(end)),
@@ -185,7 +215,14 @@ impl Scanner<'_> {
                     }
                     continue;
                 };
-                let message = message.map_err(kafka)?;
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) if transient(&e) => {
+                        log::warn!("{topic}/{partition}: reading on after: {e}");
+                        continue;
+                    }
+                    Err(e) => return Err(E::from(kafka(e))),
+                };
                 progress = Instant::now();
                 let offset = message.offset();
                 at = offset + 1;

@@ -26,7 +26,7 @@
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
 //! | `airlock_consumer_lag` | gauge | `topic`, `partition` | high watermark − next offset to consume, per owned input partition |
 //! | `airlock_consumer_errors_total` | counter | `code` | errors the input consumer reported (librdkafka's code: `UnknownTopicOrPartition`, `TopicAuthorizationFailed`, ...) |
-//! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (tansu 0.6); agents then set the clock deadlines and approval expiries are judged by (barrier records included) |
+//! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (`compat`); agents then set the clock deadlines and approval expiries are judged by (barrier records included) |
 //!
 //! Outstanding effects come from a scan of each task's effect table, at most
 //! [`SCAN_ROWS_BUSY`] rows per task after a batch of inputs (the next batch's records wait for

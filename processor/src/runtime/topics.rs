@@ -98,8 +98,8 @@ impl Names {
             configs: Vec::new(),
         };
         // The inputs: `now` of a record is its timestamp (DESIGN.md section 6), so the broker
-        // stamps it on append and no agent chooses its own clock. (tansu 0.6 ignores this and
-        // keeps the producer's time; the processor warns when it reads such records.)
+        // stamps it on append and no agent chooses its own clock (a broker that ignores it:
+        // see `compat`; the processor warns when it reads such records).
         let input = |name: String| TopicSpec {
             name,
             configs: vec![("message.timestamp.type", "LogAppendTime")],

@@ -112,6 +112,18 @@ impl Stack {
         format!("{}connector.{}", self.config.topics.prefix, self.connector)
     }
 
+    /// The group a replacement for a frozen worker joins: the workers' own, where the broker
+    /// evicts a member that stops heartbeating; a fresh one named after `fresh` where it never
+    /// does (`compat::Broker::evicts_silent_members`), as an operator would there.
+    pub fn replacement_group(&self, fresh: &str) -> String {
+        let group = self.default_group();
+        if self.config.kafka.compatibility.evicts_silent_members() {
+            group
+        } else {
+            format!("{group}.{fresh}")
+        }
+    }
+
     /// Starts connector worker `id` in consumer group `group` against the ledger.
     pub fn start_worker(&mut self, id: &str, group: &str) -> anyhow::Result<&Worker> {
         let ledger = self.ledger()?.url();

@@ -1,8 +1,9 @@
 //! A stale connector worker after a takeover. The worker is frozen (SIGSTOP) in the middle of
 //! its call: the ledger has committed and holds its answer. Nothing is heard of the attempt, so
-//! at its deadline the processor declares it UNKNOWN. A replacement worker takes the dispatch
-//! partitions over (in a fresh consumer group: tansu 0.6 never evicts a member that stops
-//! heartbeating, so an operator's replacement would do the same); rebuilding the attempts
+//! at its deadline the processor declares it UNKNOWN. A replacement worker joins the workers'
+//! consumer group, which evicts the frozen member after its session timeout and hands the
+//! replacement the dispatch partitions (on tansu 0.6, which never evicts, a fresh group:
+//! `Stack::replacement_group`); rebuilding the attempts
 //! started from the outcomes, it refuses the redelivered command of the started epoch, and
 //! answers the reconcile command: COMMITTED. Then the stale worker resumes: its call times out
 //! and its late UNKNOWN for that epoch changes nothing (journaled OUTCOME_IGNORED). One attempt,
@@ -48,8 +49,7 @@ pub fn stale_worker(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
         d.verdict == Verdict::Unknown
     })?;
 
-    let fresh = format!("{}-takeover", cx.run);
-    let group = format!("{}.{fresh}", cx.stack.default_group());
+    let group = cx.stack.replacement_group(&format!("{}-takeover", cx.run));
     let replacement = "demo-worker-2";
     cx.say(&format!(
         "worker {replacement} takes the dispatch partitions over (group {group})"

@@ -1,0 +1,130 @@
+//! Restoring from a changelog the broker has compacted. The changelog is made eager to compact
+//! (segments roll every second, any dirty ratio is worth cleaning, no compaction lag) and the
+//! broker's log cleaner looks every half second. An instance decides half of a workload (30%
+//! duplicates, 5% changed arguments) until the cleaner has removed superseded rows; it stops;
+//! a new instance without its disk restores from what compaction left and decides the other
+//! half. The verdicts and dispatches are those of an uninterrupted run of the whole input.
+//!
+//! A broker that does not compact (tansu 0.6, `compat::Broker::compacts`) skips it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::workload::{self, Lcg};
+use airlock_tests::{Broker, Settings, eventually};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+const N: usize = 3_000;
+
+fn stop(child: &mut Child) -> anyhow::Result<()> {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let status = child.wait()?;
+    anyhow::ensure!(status.success(), "airlock run exited with {status}");
+    Ok(())
+}
+
+/// Offsets of the changelog that compaction removed (gaps between the records still there).
+fn removed_by_compaction(a: &Airlock) -> anyhow::Result<i64> {
+    let records = a.read_topic(&a.names.changelog())?;
+    Ok(records
+        .windows(2)
+        .filter(|w| w[0].partition == w[1].partition)
+        .map(|w| w[1].offset - w[0].offset - 1)
+        .sum())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_restores_from_a_compacted_changelog_and_decides_the_rest_alike()
+-> anyhow::Result<()> {
+    let broker = Broker::start_with(Settings {
+        nodes: 1,
+        properties: vec![("log.cleaner.backoff.ms".into(), "500".into())],
+    })
+    .await?;
+    if !broker.compatibility.compacts() {
+        eprintln!("skipped: {} does not compact", broker.compatibility);
+        return Ok(());
+    }
+    let a = Airlock::on(broker, "compaction", 2, Options::default()).await?;
+    // AlterConfigs replaces a topic's whole dynamic configuration: the policy is restated.
+    let admin: AdminClient<DefaultClientContext> = a.config.client_config().create()?;
+    let changelog = a.names.changelog();
+    let eager = AlterConfig::new(ResourceSpecifier::Topic(&changelog))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", "1000")
+        .set("min.cleanable.dirty.ratio", "0.01")
+        .set("min.compaction.lag.ms", "0");
+    for result in admin
+        .alter_configs(
+            &[eager],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
+        )
+        .await?
+    {
+        result.map_err(|(r, e)| anyhow::anyhow!("altering {r:?}: {e}"))?;
+    }
+
+    let dir = tempfile::tempdir()?;
+    let (log, log2) = (dir.path().join("p1.log"), dir.path().join("p2.log"));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let proposals = workload::proposals(N, now, &mut Lcg(0xc0a1));
+    let (first, rest) = proposals.split_at(N / 2);
+    let ids = |ps: &[airlock_schemas::ToolProposal]| -> BTreeSet<String> {
+        ps.iter().map(|p| p.proposal_id.clone()).collect()
+    };
+    let producer = a.producer()?;
+    let topic = a.names.proposals();
+
+    let mut p1 = a.spawn_process("p1", "group", &log)?;
+    a.send_many(&producer, &topic, first, |p| p.operation_key.as_str())
+        .await?;
+    a.await_replies(
+        ids(first).iter().map(String::as_str),
+        Duration::from_secs(120),
+    )
+    .await?;
+    // The instance keeps writing (its changelog sweep every second rolls segments): wait for
+    // the cleaner to have removed superseded rows.
+    let removed = eventually(
+        "the log cleaner to compact the changelog",
+        Duration::from_secs(120),
+        async || Ok(Some(removed_by_compaction(&a)?).filter(|n| *n > 0)),
+    )
+    .await?;
+    stop(&mut p1)?;
+
+    // Another instance, another (empty) state directory: it restores from the compacted log.
+    let mut p2 = a.spawn_process("p2", "group", &log2)?;
+    a.send_many(&producer, &topic, rest, |p| p.operation_key.as_str())
+        .await?;
+    let all = ids(&proposals);
+    let decided = a
+        .await_replies(all.iter().map(String::as_str), Duration::from_secs(120))
+        .await;
+    stop(&mut p2)?;
+    let decided = match decided {
+        Ok(d) => d,
+        Err(e) => panic!("{e}\n{}", workload::explain_missing(&a, &all, &log2)?),
+    };
+    let dispatches = workload::assert_matches_reference(&a, &decided)?;
+    let text = std::fs::read_to_string(&log2)?;
+    let rebuilt = text
+        .lines()
+        .filter(|l| l.contains("(local state rebuilt") && !l.contains(", 0 rows restored"))
+        .count();
+    assert!(
+        rebuilt > 0,
+        "p2 did not restore from the changelog:\n{text}"
+    );
+    eprintln!(
+        "{N} proposals, {dispatches} dispatches, {removed} changelog offsets compacted away \
+         before p2 restored"
+    );
+    Ok(())
+}
