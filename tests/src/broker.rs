@@ -22,8 +22,10 @@ use testcontainers::core::{ContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-/// The bound on starting a broker (a cold JVM on a busy two-core machine takes 5-15 s).
-const STARTUP: Duration = Duration::from_secs(120);
+/// The bound on starting a broker: above the scripts' own bound (`KAFKA_START_SECONDS`, 90 s
+/// for a whole start) plus a first fetch of the jars. A cold JVM on a busy two-core machine
+/// starts in 5-15 s.
+const STARTUP: Duration = Duration::from_secs(240);
 /// How many ports a start tries before it gives up.
 const PORT_ATTEMPTS: u32 = 5;
 /// Exit status of the broker scripts when a port was taken.
@@ -219,15 +221,20 @@ impl ProcessBroker {
     async fn start(script: Script, settings: &Settings) -> anyhow::Result<ProcessBroker> {
         let mut attempt = 1;
         loop {
-            let dir = tempfile::Builder::new()
-                .prefix("airlock-broker-")
-                .tempdir()?;
+            // Built first: whatever way the start fails, dropping it kills what was launched.
+            let mut broker = ProcessBroker {
+                script,
+                dir: tempfile::Builder::new()
+                    .prefix("airlock-broker-")
+                    .tempdir()?,
+                bootstrap: String::new(),
+            };
             // Two ports a node (clients, controller quorum), consecutive from the base.
             let port = pick_port_base(2 * settings.nodes);
             let mut command = tokio::process::Command::new(script.path());
             command
                 .arg("start")
-                .arg(dir.path())
+                .arg(broker.dir.path())
                 .args(["--port", &port.to_string()])
                 .args(["--watch-pid", &std::process::id().to_string()])
                 .stdin(std::process::Stdio::null())
@@ -243,21 +250,17 @@ impl ProcessBroker {
                 .with_context(|| format!("{} did not start within {STARTUP:?}", script.name()))?
                 .with_context(|| format!("running {}", script.path().display()))?;
             if out.status.success() {
-                let bootstrap = String::from_utf8(out.stdout)?
+                broker.bootstrap = String::from_utf8(out.stdout)?
                     .lines()
                     .last()
                     .unwrap_or_default()
                     .to_owned();
                 anyhow::ensure!(
-                    !bootstrap.is_empty(),
+                    !broker.bootstrap.is_empty(),
                     "{} printed no bootstrap address",
                     script.name()
                 );
-                return Ok(ProcessBroker {
-                    script,
-                    dir,
-                    bootstrap,
-                });
+                return Ok(broker);
             }
             let stderr = String::from_utf8_lossy(&out.stderr);
             if out.status.code() == Some(PORT_TAKEN) && attempt < PORT_ATTEMPTS {

@@ -201,12 +201,26 @@ async fn aborted_transactions_are_invisible_to_read_committed_readers() -> anyho
         }
         consumer.assign(&assignment)?;
         let mut seen = BTreeMap::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        // Until the stream has been quiet past every record: the aborted ones come first.
-        while std::time::Instant::now() < deadline {
+        // Until the last record of each kind the isolation level lets through has been read,
+        // then a quiet second for anything that should not be there.
+        let last: &[&str] = if isolation == "read_committed" {
+            &["committed-9"]
+        } else {
+            &["committed-9", "aborted-9"]
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut quiet_until = None;
+        while quiet_until.is_none_or(|t| std::time::Instant::now() < t) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "{isolation}: only {seen:?} within 30 s"
+            );
             if let Some(m) = consumer.poll(Duration::from_millis(100)) {
                 let key = String::from_utf8(m?.key().unwrap_or_default().to_vec())?;
                 *seen.entry(key).or_default() += 1;
+            }
+            if quiet_until.is_none() && last.iter().all(|k| seen.contains_key(*k)) {
+                quiet_until = Some(std::time::Instant::now() + Duration::from_secs(1));
             }
         }
         Ok(seen)

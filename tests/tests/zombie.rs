@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::runtime::produce::Producer;
@@ -20,13 +20,13 @@ use airlock_processor::runtime::wire::{self, Admit, FENCE_KIND, OutRecord, heade
 use airlock_processor::store::keys::Table;
 use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
 use airlock_schemas::{ChangelogRecord, Codec, StateTable, ToolProposal};
-use airlock_tests::airlock::{Airlock, Read};
+use airlock_tests::airlock::{Airlock, Process, Read};
 use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-fn stop(mut child: Child) -> anyhow::Result<()> {
+fn stop(mut child: Process) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()?;

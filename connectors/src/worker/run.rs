@@ -320,7 +320,8 @@ fn run_loop(
             (c.session_timeout_ms / 4).max(250).to_string(),
         )
         .set("enable.partition.eof", "false");
-    // A dispatch command waits in no batch: fetch it as soon as the broker has it.
+    // A dispatch command waits in no batch: on a broker that holds every fetch for its whole
+    // wait, keep that wait short (`compat::Broker::fetch_wait_ms` of a 20 ms interval: 5 ms).
     config.kafka.fetch_wait(&mut consumer_config, 20);
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     consumer.subscribe(&[dispatch.as_str()])?;

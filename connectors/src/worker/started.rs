@@ -137,7 +137,7 @@ pub fn rebuild(
             };
             let message = match message {
                 Ok(m) => m,
-                Err(e) if scan::transient(&e) => {
+                Err(e) if scan::transient(&e) && progress.elapsed() <= stall_timeout => {
                     log::warn!("{topic}/{partition}: rebuilding on after: {e}");
                     continue;
                 }

@@ -41,11 +41,11 @@ if [ ! -x "$rootfs/usr/bin/java" ]; then
   rm -rf "$rootfs"
   mv "$rootfs.partial" "$rootfs"
 fi
-context="$(mktemp -d)"
+# The context lives in the cache, beside the root filesystem: hard links, no 500 MB copy.
+context="$(mktemp -d "$cache/image-context.XXXXXX")"
 trap 'rm -rf "$context"' EXIT
-# Hard links where the cache and the context share a file system: no 200 MB copy.
-cp -al "$rootfs" "$context/rootfs" 2>/dev/null || cp -a "$rootfs" "$context/rootfs"
-cp -al "$home/libs" "$context/libs" 2>/dev/null || cp -a "$home/libs" "$context/libs"
+cp -al "$rootfs" "$context/rootfs"
+cp -al "$home/libs" "$context/libs"
 cp "$here/Dockerfile" "$here/log4j2.yaml" "$here/container-start.sh" "$context/"
 echo "kafka/build-image: building $image" >&2
 docker build -q -t "$image" "$context" >&2

@@ -20,8 +20,15 @@ if [ -f "$home/installed" ] && [ "$(cat "$home/installed")" = "$sum" ]; then
 fi
 command -v mvn >/dev/null || { echo "kafka/install: mvn not found; install Maven (apt-get install maven)" >&2; exit 1; }
 command -v java >/dev/null || { echo "kafka/install: java not found; install a JRE 17 or later" >&2; exit 1; }
-echo "kafka/install: fetching Apache Kafka $version from Maven Central into $home (once)" >&2
 mkdir -p "$home"
+# Concurrent starts (tests run side by side) install once: the others wait here.
+exec 9>"$home/.install.lock"
+flock 9
+if [ -f "$home/installed" ] && [ "$(cat "$home/installed")" = "$sum" ]; then
+  echo "$home"
+  exit 0
+fi
+echo "kafka/install: fetching Apache Kafka $version from Maven Central into $home (once)" >&2
 rm -rf "$home/libs.partial"
 log="$home/install.log"
 if ! mvn -B -q -f "$here/pom.xml" dependency:copy-dependencies \

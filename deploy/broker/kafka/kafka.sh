@@ -20,11 +20,13 @@
 #
 # Knobs: AIRLOCK_CACHE (default $HOME/.cache/airlock), KAFKA_HEAP (default 768m: the maximum
 # heap of each node), KAFKA_JVM_OPTS (replaces the JVM flags below the heap),
-# KAFKA_START_SECONDS (default 90: the bound on each wait).
+# KAFKA_START_SECONDS (default 90: the bound on a whole start or restart).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 start_seconds="${KAFKA_START_SECONDS:-90}"
+# One bound for a whole start or restart, however many nodes it waits for.
+deadline=$((SECONDS + start_seconds))
 # shellcheck source=deploy/broker/probe.sh
 source "$here/../probe.sh"
 
@@ -123,11 +125,10 @@ launch() {
 # Waits for node i to answer, or for its JVM to die (a taken port answers 75).
 await() {
   local dir="$1" i="$2" port="$3"
-  local node="$dir/node-$i" pid deadline
+  local node="$dir/node-$i" pid
   pid="$(cat "$node/pid")"
-  deadline=$((SECONDS + start_seconds))
   while ! answers_metadata "$port"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! alive "$pid"; then
       if grep -q "Address already in use" "$node/broker.log"; then
         echo "kafka.sh: node $i could not bind its ports (taken); log: $node/broker.log" >&2
         exit 75
@@ -171,6 +172,9 @@ cmd_start() {
   local home tpl
   home="$(kafka_home)"
   tpl="$(template "$home")"
+  # A start that fails (a node that exits, a port taken, a timeout, a signal) stops the nodes
+  # it launched: nothing outlives a failed start.
+  trap 'cmd_stop "$dir" >/dev/null 2>&1' EXIT
   for i in $(seq 1 "$nodes"); do
     local node="$dir/node-$i"
     mkdir -p "$node"
@@ -184,6 +188,7 @@ cmd_start() {
     launch "$dir" "$i"
   done
   if [ -n "$watched" ]; then
+    echo "$watched" >"$dir/watch-pid"
     local pids=()
     for i in $(seq 1 "$nodes"); do pids+=("$dir/node-$i/pid"); done
     watch_and_kill "$watched" "${pids[@]}"
@@ -193,6 +198,7 @@ cmd_start() {
     await "$dir" "$i" "$((port + i - 1))"
     bootstrap="${bootstrap:+$bootstrap,}127.0.0.1:$((port + i - 1))"
   done
+  trap - EXIT
   echo "$bootstrap"
 }
 
@@ -214,7 +220,7 @@ cmd_stop() {
     [ -f "$node/pid" ] || continue
     [ -z "$only" ] || [ "$node" = "$dir/node-$only" ] || continue
     pid="$(cat "$node/pid")"
-    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+    while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
     signal_node KILL "$node"
   done
 }
@@ -223,19 +229,26 @@ cmd_kill() {
   local dir="${1:?usage: kafka.sh kill DIR NODE}" i="${2:?usage: kafka.sh kill DIR NODE}"
   [ -d "$dir/node-$i" ] || die "no node $i in $dir"
   signal_node KILL "$dir/node-$i"
-  local pid
+  local pid deadline=$((SECONDS + 30))
   pid="$(cat "$dir/node-$i/pid")"
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  while alive "$pid"; do
+    [ "$SECONDS" -lt "$deadline" ] || die "node $i (pid $pid) did not die within 30 s"
+    sleep 0.1
+  done
 }
 
 cmd_restart() {
   local dir="${1:?usage: kafka.sh restart DIR NODE}" i="${2:?usage: kafka.sh restart DIR NODE}"
   local node="$dir/node-$i"
   [ -f "$node/server.properties" ] || die "no node $i in $dir"
-  if [ -f "$node/pid" ] && kill -0 "$(cat "$node/pid")" 2>/dev/null; then
+  if [ -f "$node/pid" ] && alive "$(cat "$node/pid")"; then
     die "node $i is still running (pid $(cat "$node/pid"))"
   fi
   launch "$dir" "$i"
+  # The new process is watched like the first (see start's --watch-pid).
+  if [ -f "$dir/watch-pid" ]; then
+    watch_and_kill "$(cat "$dir/watch-pid")" "$node/pid"
+  fi
   await "$dir" "$i" "$(cat "$node/port")"
 }
 

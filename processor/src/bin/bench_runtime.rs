@@ -325,6 +325,11 @@ fn streams_peer(
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
+    let stopping = Instant::now() + Duration::from_secs(20);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < stopping {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
     let _ = child.wait();
     result.with_context(|| format!("the Kafka Streams peer (its log: {})", log.display()))
 }
@@ -358,6 +363,12 @@ fn measure_peer(
         anyhow::ensure!(
             Instant::now() < deadline,
             "the peer decided {seen} of {n} in 600 s"
+        );
+        // Exited: gone, or a zombie until the caller reaps it.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        anyhow::ensure!(
+            !state.is_empty() && !state.contains(") Z "),
+            "the peer exited after {seen} of {n} decisions"
         );
         if let Some(m) = reader.poll(Duration::from_millis(20)) {
             m?;
@@ -1066,6 +1077,9 @@ fn paced_round_trip(
         .set("group.id", paced.group)
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
+        // librdkafka's default, spelled out: the Kafka Streams peer writes in transactions,
+        // and a decision counts once it is readable by everyone.
+        .set("isolation.level", "read_committed")
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..config.topics.partitions {

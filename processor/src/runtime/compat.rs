@@ -5,7 +5,7 @@
 //! workaround lives here, behind a variant, with the behaviour it answers.
 //!
 //! tansu 0.6 (memory storage), as observed against librdkafka 2.12 (each behaviour is shown by a
-//! test in `tests/tests/compat.rs` when the tests run on tansu):
+//! behaviour was seen with the suite on tansu, `AIRLOCK_TEST_BROKER=tansu`):
 //! - **It holds every fetch for its full `fetch.wait.max.ms`**, even with records waiting, so a
 //!   consumer's wait is added to every record's latency: [`Broker::fetch_wait_ms`] keeps it to a
 //!   fraction of the batch interval there. Kafka answers a fetch as soon as records arrive; the
@@ -59,10 +59,13 @@ impl Broker {
     }
 
     /// Where to fetch a partition whose next unconsumed offset is `stored` (`None`: nothing
-    /// consumed yet). The task skips what it already consumed by its own stored offsets.
+    /// consumed yet). The task skips what it already consumed by its own stored offsets. On
+    /// every broker the last consumed record is read again: its fingerprint tells whether the
+    /// log is still the one consumed (a topic deleted and created again is caught there, not
+    /// decided as if it were the old one; `PartitionTask::check_redelivered`).
     pub fn resume_offset(self, stored: Option<i64>) -> Offset {
         match (self, stored) {
-            (Broker::Kafka, Some(o)) => Offset::Offset(o),
+            (Broker::Kafka, Some(o)) if o > 0 => Offset::Offset(o - 1),
             (Broker::Tansu06, Some(o)) if o > TANSU_REWIND => Offset::Offset(o - TANSU_REWIND),
             (_, _) => Offset::Beginning,
         }
@@ -120,11 +123,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kafka_resumes_at_the_stored_offset_and_tansu_rewinds() {
+    fn kafka_resumes_at_the_last_consumed_record_and_tansu_rewinds() {
         assert_eq!(
             Broker::Kafka.resume_offset(Some(5_000)),
-            Offset::Offset(5_000)
+            Offset::Offset(4_999),
+            "the last consumed record again, for its fingerprint"
         );
+        assert_eq!(Broker::Kafka.resume_offset(Some(0)), Offset::Beginning);
         assert_eq!(Broker::Kafka.resume_offset(None), Offset::Beginning);
         assert_eq!(
             Broker::Tansu06.resume_offset(Some(5_000)),

@@ -451,7 +451,10 @@ impl Claim {
                 };
                 let message = match message {
                     Ok(m) => m,
-                    Err(e) if super::scan::transient(&e) => {
+                    Err(e)
+                        if super::scan::transient(&e)
+                            && progress.elapsed() <= self.stall_timeout =>
+                    {
                         log::warn!("partition {partition}: restoring on after: {e}");
                         continue;
                     }

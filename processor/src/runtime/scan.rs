@@ -85,9 +85,11 @@ pub struct Scanner<'c> {
 
 /// True for a consumer error librdkafka recovers from by itself (a broker gone, a leader
 /// moving, a coordinator loading): a reader logs it and polls on, its stall timeout still
-/// bounding the wait. Only librdkafka's fatal errors end a read.
+/// bounding the wait (past it, the last error ends the read). Only librdkafka's fatal errors
+/// end a read at once.
 pub fn transient(e: &KafkaError) -> bool {
-    e.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
+    !matches!(e, KafkaError::MessageConsumptionFatal(_))
+        && e.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
 }
 
 /// `fetch_watermarks` of `topic`'s `partition`, asked again on errors until `within` has
@@ -217,7 +219,7 @@ impl Scanner<'_> {
                 };
                 let message = match message {
                     Ok(m) => m,
-                    Err(e) if transient(&e) => {
+                    Err(e) if transient(&e) && progress.elapsed() <= self.stall_timeout => {
                         log::warn!("{topic}/{partition}: reading on after: {e}");
                         continue;
                     }

@@ -9,6 +9,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.HexFormat;
@@ -16,6 +17,7 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
@@ -106,9 +108,13 @@ public final class StreamsPeer {
 
     KafkaStreams streams = new KafkaStreams(topology, props);
     CountDownLatch done = new CountDownLatch(1);
+    AtomicBoolean failed = new AtomicBoolean(false);
     streams.setStateListener(
         (now, before) -> {
           System.err.println("streams-peer: " + before + " -> " + now);
+          if (now == KafkaStreams.State.ERROR) {
+            failed.set(true);
+          }
           if (now == KafkaStreams.State.ERROR || now == KafkaStreams.State.NOT_RUNNING) {
             done.countDown();
           }
@@ -117,11 +123,16 @@ public final class StreamsPeer {
         .addShutdownHook(
             new Thread(
                 () -> {
-                  streams.close();
+                  streams.close(Duration.ofSeconds(10));
                   done.countDown();
                 }));
     streams.start();
     done.await();
+    if (failed.get()) {
+      // The bench watching this process sees it gone, not a silent stall.
+      streams.close(Duration.ofSeconds(10));
+      System.exit(1);
+    }
   }
 
   private static Schema parse(Path file) throws IOException {
