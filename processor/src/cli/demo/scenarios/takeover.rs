@@ -3,7 +3,8 @@
 //! at its deadline the processor declares it UNKNOWN. A replacement worker joins the workers'
 //! consumer group, which evicts the frozen member after its session timeout and hands the
 //! replacement the dispatch partitions (on tansu 0.6, which never evicts, a fresh group:
-//! `Stack::replacement_group`); rebuilding the attempts
+//! `Stack::replacement_group`). In the same group it resumes past the command (the frozen
+//! worker committed its offset before calling); in a fresh group, rebuilding the attempts
 //! started from the outcomes, it refuses the redelivered command of the started epoch, and
 //! answers the reconcile command: COMMITTED. Then the stale worker resumes: its call times out
 //! and its late UNKNOWN for that epoch changes nothing (journaled OUTCOME_IGNORED). One attempt,
@@ -56,19 +57,26 @@ pub fn stale_worker(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
     ))?;
     let log = cx.stack.start_worker(replacement, &group)?.proc.log.clone();
     cx.until_reconciled(&key, r)?;
-    // Expired by now (its attempt deadline passed while the worker was frozen) or not, an
-    // authentic command of a started epoch is refused; the worker logs which.
+    // In the workers' own group the replacement resumes at the offset the frozen worker
+    // committed before it called the ledger: the command is not delivered again. In a fresh
+    // group it is; expired by now (its attempt deadline passed while the worker was frozen)
+    // or not, an authentic command of a started epoch is refused; the worker logs which.
     let refused = count_lines(&log, &format!("{key}#1: epoch 1 already started here"))
         + count_lines(&log, &format!("{key}#1: redelivered after it started"));
-    if refused == 0 {
-        r.problem(format!(
-            "{replacement} did not refuse the redelivered command of epoch 1 (see {})",
-            log.display()
-        ));
-    } else {
+    if refused > 0 {
         r.note(format!(
             "{replacement} refused the redelivered command of epoch 1, already started: \
              {refused} (its log)"
+        ));
+    } else if group == cx.stack.default_group() {
+        r.note(format!(
+            "{replacement} resumed past the command of epoch 1 (the group kept the offset \
+             {stale} committed before calling): nothing redelivered"
+        ));
+    } else {
+        r.problem(format!(
+            "{replacement} did not refuse the redelivered command of epoch 1 (see {})",
+            log.display()
         ));
     }
 
