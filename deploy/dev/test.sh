@@ -40,7 +40,8 @@ step "cargo doc --no-deps (warnings denied)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps --locked
 
 step "cargo test"
-cargo test --workspace --locked
+# Every test binary runs even after a failure, so that one run reports every failure.
+cargo test --workspace --locked --no-fail-fast
 
 if [ "${AIRLOCK_SKIP_CONTAINERS:-0}" != "1" ]; then
   step "the container path: Apache Kafka in a container (testcontainers)"

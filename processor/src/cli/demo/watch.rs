@@ -25,6 +25,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::runtime::config::Config;
 use crate::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
+use crate::runtime::scan;
 use crate::runtime::topics::Names;
 use crate::runtime::wire::{Admit, FenceFilter, header};
 
@@ -100,8 +101,8 @@ impl Watch {
             dispatch.clone(),
         ] {
             for p in 0..config.topics.partitions {
-                let (_, high) = reader
-                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                // Asked again while a just-created topic's leaders are still being elected.
+                let (_, high) = scan::watermarks(&reader, &topic, p, Duration::from_secs(30))
                     .with_context(|| format!("reading the end of {topic} (is the broker up?)"))?;
                 tpl.add_partition_offset(&topic, p, Offset::Offset(high))?;
             }
