@@ -209,3 +209,26 @@ pub fn assert_matches_reference(
     );
     Ok(dispatches.len())
 }
+
+/// How each operation key of `decisions` settled: `Committed` once any decision says so, else
+/// `Failed` when its last decision is FAILED with proof at attempt epoch `budget` or later (the
+/// retry budget spent). Keys still open are left out.
+pub fn settled(decisions: Vec<Decision>, budget: i64) -> BTreeMap<String, Verdict> {
+    let mut last: BTreeMap<String, Decision> = BTreeMap::new();
+    let mut committed = BTreeSet::new();
+    for d in decisions {
+        if d.verdict == Verdict::Committed {
+            committed.insert(d.operation_key.clone());
+        }
+        last.insert(d.operation_key.clone(), d);
+    }
+    last.into_iter()
+        .filter_map(|(k, d)| {
+            if committed.contains(&k) {
+                Some((k, Verdict::Committed))
+            } else {
+                (d.verdict == Verdict::Failed && d.epoch >= Some(budget)).then_some((k, d.verdict))
+            }
+        })
+        .collect()
+}

@@ -175,24 +175,17 @@ async fn a_processor_evicted_while_frozen_writes_only_behind_the_fence() -> anyh
         "every refund COMMITTED or FAILED for good",
         Duration::from_secs(240),
         async || {
-            let mut last: BTreeMap<String, Decision> = BTreeMap::new();
-            let mut committed = BTreeSet::new();
-            for d in a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")? {
-                if d.verdict == Verdict::Committed {
-                    committed.insert(d.operation_key.clone());
-                }
-                last.insert(d.operation_key.clone(), d);
-            }
-            let failed = last
-                .values()
-                .filter(|d| !committed.contains(&d.operation_key))
-                .filter(|d| d.verdict == Verdict::Failed && d.epoch >= Some(3))
-                .count();
-            Ok((committed.len() + failed == refunds).then_some(committed))
+            let decisions = a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")?;
+            let settled = airlock_tests::workload::settled(decisions, 3);
+            Ok((settled.len() == refunds).then_some(settled))
         },
     )
     .await?;
-    let committed = settled;
+    let committed: BTreeSet<String> = settled
+        .into_iter()
+        .filter(|(_, v)| *v == Verdict::Committed)
+        .map(|(k, _)| k)
+        .collect();
     for p in [&mut p1, &mut p2] {
         let _ = signal(p, "-TERM");
         let _ = p.wait();

@@ -133,31 +133,12 @@ async fn killing_partition_leaders_under_load_loses_nothing_and_doubles_nothing(
     // Settled: COMMITTED, or FAILED with proof and the retry budget (3 attempts) spent. A
     // worker that loses its group session while the coordinator moves refuses the commands
     // that expired meanwhile (never calling downstream), so some attempts fail with proof.
-    let settle = |decisions: Vec<Decision>| -> BTreeMap<String, Verdict> {
-        let mut last: BTreeMap<String, Decision> = BTreeMap::new();
-        let mut committed = BTreeSet::new();
-        for d in decisions {
-            if d.verdict == Verdict::Committed {
-                committed.insert(d.operation_key.clone());
-            }
-            last.insert(d.operation_key.clone(), d);
-        }
-        last.into_iter()
-            .filter_map(|(k, d)| {
-                if committed.contains(&k) {
-                    Some((k, Verdict::Committed))
-                } else {
-                    (d.verdict == Verdict::Failed && d.epoch >= Some(3)).then_some((k, d.verdict))
-                }
-            })
-            .collect()
-    };
     let settled = eventually(
         "every refund COMMITTED or FAILED for good",
         Duration::from_secs(240),
         async || {
-            let settled =
-                settle(a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")?);
+            let decisions = a.read_deduplicated::<Decision>(&a.names.decisions(), "decision")?;
+            let settled = airlock_tests::workload::settled(decisions, 3);
             Ok((settled.len() == REFUNDS).then_some(settled))
         },
     )
