@@ -168,6 +168,84 @@ async fn a_proposal_dispatches_once_and_every_reply_and_refusal_is_emitted() -> 
     Ok(())
 }
 
+/// Records built to break a partition: one whose outputs cannot be written (the effect record
+/// its journal event carries escapes every quote of the arguments again, past the record
+/// limit), one with a 20 KB identifier, 200 KB of garbage. Each is dead-lettered with its
+/// reason, the partition goes on deciding, and a restart on the same disk goes on too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_records_are_dead_lettered_and_the_partition_goes_on() -> anyhow::Result<()> {
+    let mut a = Airlock::start("run-hostile", 1).await?;
+    a.config.kafka.max_message_bytes = 65_536;
+    let payload_limit = a.config.kafka.max_payload_bytes();
+    let processor = a.spawn("p1")?;
+    let producer = a.producer()?;
+    let proposals = a.names.proposals();
+    let now = now_ms();
+
+    let mut email = sample::refund("email:a", 100, now);
+    email.proposal_id = "prop-email".to_owned();
+    email.tool = "send_email".to_owned();
+    email.arguments_json = serde_json::json!({
+        "tenant_id": "acme",
+        "to": "ops@example.com",
+        "subject": "s",
+        "body": "\"".repeat(20_000),
+    })
+    .to_string();
+    a.send(&producer, &proposals, &email.operation_key, &email)
+        .await?;
+    let mut long_id = sample::refund("refund:long", 100, now);
+    long_id.proposal_id = "p".repeat(20_000);
+    a.send(&producer, &proposals, &long_id.operation_key, &long_id)
+        .await?;
+    let garbage = vec![0xc3u8; 200_000];
+    a.send_raw(&producer, &proposals, Some(b"refund:g"), &garbage)
+        .await?;
+    let fine = sample::refund("refund:fine", 100, now);
+    a.send(&producer, &proposals, &fine.operation_key, &fine)
+        .await?;
+
+    let d = await_decisions(&a, 2).await?;
+    assert_eq!(d[&fine.proposal_id].verdict, Verdict::Accepted, "{d:?}");
+    let refused = &d[&email.proposal_id];
+    assert_eq!(refused.reason, Reason::Oversized, "{refused:?}");
+    assert!(
+        refused
+            .detail
+            .starts_with("its journal event cannot be written"),
+        "{refused:?}"
+    );
+    assert_eq!(d.len(), 2, "no reply echoes the 20 KB id: {:?}", d.keys());
+
+    let dlq = eventually("3 dead letters", WAIT, async || {
+        let r = a.read_topic(&a.names.dlq())?;
+        let r: Vec<_> = r.into_iter().filter(|r| r.admit == Admit::Accept).collect();
+        Ok((r.len() >= 3).then_some(r))
+    })
+    .await?;
+    for r in &dlq {
+        assert_eq!(r.header_str(header::DLQ_REASON), Some("OVERSIZED"), "{r:?}");
+    }
+    let cut = dlq
+        .iter()
+        .find(|r| r.header_str(header::DLQ_TRUNCATED).is_some())
+        .expect("the garbage's copy is cut to fit");
+    assert_eq!(cut.header_str(header::DLQ_VALUE_BYTES), Some("200000"));
+    assert_eq!(cut.value.as_ref().map(Vec::len), Some(payload_limit));
+
+    // The same disk again: the dead-lettered records stay behind, the partition decides on.
+    processor.stop()?;
+    let processor = a.spawn("p1")?;
+    let after = sample::refund("refund:after", 100, now);
+    a.send(&producer, &proposals, &after.operation_key, &after)
+        .await?;
+    let d = await_decisions(&a, 3).await?;
+    assert_eq!(d[&after.proposal_id].verdict, Verdict::Accepted, "{d:?}");
+    let summary = processor.stop()?;
+    assert_eq!(summary.inputs, 1, "nothing decided twice: {summary:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
     let a = Airlock::start("run-restore", 2).await?;
@@ -296,5 +374,36 @@ async fn a_replaced_input_topic_stops_the_instance_instead_of_skipping_its_recor
     for p in &new {
         assert!(!replies.contains_key(&p.proposal_id), "{replies:?}");
     }
+    Ok(())
+}
+
+/// A processor configured for larger records than its topics take would stage outputs the
+/// broker refuses on every resend: it does not start, and says which topics and what to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_records_outgrow_its_topics_does_not_start() -> anyhow::Result<()> {
+    let mut a = Airlock::start("run-limits", 1).await?;
+    if !a.config.kafka.compatibility.reports_message_limits() {
+        eprintln!(
+            "skipped: {} does not report a topic's max.message.bytes",
+            a.config.kafka.compatibility
+        );
+        return Ok(());
+    }
+    // Kafka's default max.message.bytes is 1,048,588.
+    a.config.kafka.max_message_bytes = 2_000_000;
+    let p1 = a.spawn("p1")?;
+    eventually("the instance to stop", WAIT, async || {
+        Ok((!p1.is_running()).then_some(()))
+    })
+    .await?;
+    let error = format!(
+        "{:#}",
+        p1.stop().expect_err("the instance refused to start")
+    );
+    assert!(
+        error.contains("topics accept smaller records than kafka.max_message_bytes (2000000)")
+            && error.contains(&format!("{} takes 1048588", a.names.decisions())),
+        "{error}"
+    );
     Ok(())
 }

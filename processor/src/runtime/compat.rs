@@ -25,6 +25,9 @@
 //! - **It ignores `message.timestamp.type=LogAppendTime`** and keeps the producer's clock; the
 //!   processor warns and counts such inputs (`airlock_producer_time_inputs_total`).
 //! - **It does not compact** and **has no transactions**.
+//! - **Its DescribeConfigs lists only what a topic's creator set**, never `max.message.bytes`:
+//!   the start-up check of record limits (`topics::check_message_limits`) finds nothing to
+//!   compare there ([`Broker::reports_message_limits`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -82,6 +85,14 @@ impl Broker {
 
     /// True when the broker compacts `cleanup.policy=compact` topics (the changelog).
     pub fn compacts(self) -> bool {
+        match self {
+            Broker::Kafka => true,
+            Broker::Tansu06 => false,
+        }
+    }
+
+    /// True when DescribeConfigs reports a topic's effective `max.message.bytes`.
+    pub fn reports_message_limits(self) -> bool {
         match self {
             Broker::Kafka => true,
             Broker::Tansu06 => false,

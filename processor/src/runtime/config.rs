@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | `kafka.brokers` | `AIRLOCK_KAFKA_BROKERS` | `localhost:9092` |
 //! | `kafka.compatibility` (the broker's kind: `kafka` or `tansu-0.6`, see [`super::compat`]) | `AIRLOCK_KAFKA_COMPATIBILITY` | `kafka` |
+//! | `kafka.max_message_bytes` (the largest record any client produces; larger inputs and inputs whose outputs would be larger are dead-lettered) | `AIRLOCK_KAFKA_MAX_MESSAGE_BYTES` | `1000000` |
 //! | `kafka.properties` (librdkafka properties: SASL, SSL, `compression.type`, ...; not those Airlock sets, see [`Kafka::validate`]) | `AIRLOCK_KAFKA_PROPERTIES` (`k=v,k=v`, added) | none (producers: `compression.type=lz4`, `message.timeout.ms=120000`) |
 //! | `topics.prefix` | `AIRLOCK_TOPICS_PREFIX` | `airlock.` |
 //! | `topics.partitions` | `AIRLOCK_TOPICS_PARTITIONS` | `6` |
@@ -190,15 +191,30 @@ pub struct Kafka {
     pub brokers: String,
     /// Which broker this is, where brokers differ (`super::compat`): `kafka` or `tansu-0.6`.
     pub compatibility: super::compat::Broker,
+    /// The largest record any Airlock client produces, in bytes (librdkafka's
+    /// `message.max.bytes`, set explicitly on every client). An input whose payload exceeds it
+    /// less [`RECORD_RESERVE_BYTES`] is dead-lettered (its copy cut to fit, with the original's
+    /// size and SHA-256 in headers), and so is an input whose outputs would: no record is ever
+    /// staged that the broker would refuse. Keep it at or below the brokers' `message.max.bytes`
+    /// and every Airlock topic's `max.message.bytes` (Kafka's defaults: 1,048,588);
+    /// `airlock run` checks the topics at start.
+    pub max_message_bytes: usize,
     /// Passed through to librdkafka for every client (security.protocol, sasl.*, ssl.*, ...).
     pub properties: BTreeMap<String, String>,
 }
+
+/// What a record's key, headers and framing may take of `kafka.max_message_bytes`: the payload
+/// limit is the rest. Keys are bounded identifiers (`core.max_identifier_bytes`, 512 by
+/// default, a dead letter's key at most 1 KiB), headers a few hundred bytes plus a refusal
+/// detail of at most 1 KiB.
+pub const RECORD_RESERVE_BYTES: usize = 8 * 1_024;
 
 impl Default for Kafka {
     fn default() -> Self {
         Kafka {
             brokers: "localhost:9092".to_owned(),
             compatibility: super::compat::Broker::Kafka,
+            max_message_bytes: 1_000_000,
             properties: BTreeMap::new(),
         }
     }
@@ -413,12 +429,27 @@ impl Kafka {
         }
     }
 
+    /// The largest payload (a record's value) Airlock reads or writes: `max_message_bytes`
+    /// less what keys and headers may take.
+    pub fn max_payload_bytes(&self) -> usize {
+        self.max_message_bytes.saturating_sub(RECORD_RESERVE_BYTES)
+    }
+
     /// Refuses a pass-through property that Airlock sets itself: one that its safety argument
     /// or its co-partitioning depends on, or one that another field of the configuration owns.
     /// librdkafka would otherwise take whichever was set last, and that is Airlock's value, so a
     /// user's `acks=1` would be dropped without a word. `compression.type` and
     /// `message.timeout.ms` are defaults (`lz4`, 120 s) that the properties may change.
     pub fn validate(&self) -> Result<()> {
+        if !(64 * 1_024..=1_000_000_000).contains(&self.max_message_bytes) {
+            return Err(Error::Invalid {
+                field: "kafka.max_message_bytes",
+                message: format!(
+                    "{} is out of range: between 65536 and 1000000000 (librdkafka's limit)",
+                    self.max_message_bytes
+                ),
+            });
+        }
         for name in self.properties.keys() {
             let owned = OWNED_PROPERTIES
                 .iter()
@@ -440,6 +471,10 @@ impl Kafka {
         let env = Env(lookup);
         env.take("AIRLOCK_KAFKA_BROKERS", &mut self.brokers);
         env.parse("AIRLOCK_KAFKA_COMPATIBILITY", &mut self.compatibility)?;
+        env.parse(
+            "AIRLOCK_KAFKA_MAX_MESSAGE_BYTES",
+            &mut self.max_message_bytes,
+        )?;
         if let Some(v) = lookup("AIRLOCK_KAFKA_PROPERTIES") {
             for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
                 let Some((k, val)) = pair.split_once('=') else {
@@ -467,6 +502,10 @@ const OWNED_PROPERTIES: &[(&[&str], &str)] = &[
     (
         &["enable.idempotence", "acks", "request.required.acks"],
         "the outbox resends after a crash: an idempotent producer with acks=all",
+    ),
+    (
+        &["message.max.bytes"],
+        "from kafka.max_message_bytes, which also bounds what the processor stages",
     ),
     (
         &["partitioner"],
@@ -690,6 +729,10 @@ impl Config {
     pub fn client_config(&self) -> rdkafka::ClientConfig {
         let mut c = rdkafka::ClientConfig::new();
         c.set("bootstrap.servers", &self.kafka.brokers);
+        c.set(
+            "message.max.bytes",
+            self.kafka.max_message_bytes.to_string(),
+        );
         for (k, v) in &self.kafka.properties {
             c.set(k, v);
         }

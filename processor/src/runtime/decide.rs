@@ -149,10 +149,64 @@ fn decide_partition(
     settings: Settings,
 ) -> Result<Decided> {
     let partition = task.partition();
+    // Records whose outputs could not be encoded (offset by topic, with the problem): the batch
+    // is discarded and decided again with each of them dead-lettered instead (see
+    // `PartitionTask::dead_letter_unencodable`). Each pass adds one, so this ends.
+    let mut unencodable: BTreeMap<(&str, i64), (&'static str, String)> = BTreeMap::new();
+    let handled = loop {
+        match decide_records(task, &records, sources, &unencodable)? {
+            Pass::Decided(handled) => break handled,
+            Pass::Unencodable {
+                topic,
+                offset,
+                what,
+                problem,
+            } => {
+                log::warn!(
+                    "{topic} partition {partition} offset {offset}: its {what} cannot be \
+                     written ({problem}); the record is dead-lettered and its batch decided again"
+                );
+                task.discard()?;
+                unencodable.insert((topic, offset), (what, problem));
+            }
+        }
+    };
+    // The messages go back to librdkafka before the commit.
+    drop(records);
+    let (sealed, unsynced) = close(task, settings)?;
+    Ok(Decided {
+        partition,
+        handled,
+        sealed,
+        unsynced,
+        observed: task.take_observed(),
+    })
+}
+
+/// How one pass over a partition's records ended.
+enum Pass<'a> {
+    /// Every record decided (or dead-lettered): how many.
+    Decided(usize),
+    /// The outputs of this record cannot be encoded; the pass stopped there.
+    Unencodable {
+        topic: &'a str,
+        offset: i64,
+        what: &'static str,
+        problem: String,
+    },
+}
+
+fn decide_records<'a>(
+    task: &mut PartitionTask,
+    records: &'a [BorrowedMessage<'_>],
+    sources: &BTreeMap<&str, Source>,
+    unencodable: &BTreeMap<(&str, i64), (&'static str, String)>,
+) -> Result<Pass<'a>> {
+    let partition = task.partition();
     let mut handled = 0;
     // The last record consumed of each input topic: its fingerprint goes with the offset row.
     let mut last: BTreeMap<&str, &BorrowedMessage<'_>> = BTreeMap::new();
-    for message in &records {
+    for message in records {
         let topic = message.topic();
         let Some(&source) = sources.get(topic) else {
             continue;
@@ -184,40 +238,44 @@ fn decide_partition(
             }
             Timestamp::NotAvailable => super::run::wall_ms(),
         };
-        let parent = trace::extract(
-            message
-                .headers()
-                .into_iter()
-                .flat_map(|hs| hs.iter())
-                .map(|h| (h.key, h.value.unwrap_or_default())),
-        );
-        task.handle_record_in(
-            &InputRecord {
-                source,
-                topic,
-                offset: message.offset(),
-                key: message.key(),
-                payload: message.payload(),
-                timestamp,
-            },
-            &parent,
-        )?;
+        let record = InputRecord {
+            source,
+            topic,
+            offset: message.offset(),
+            key: message.key(),
+            payload: message.payload(),
+            timestamp,
+        };
+        if let Some((what, problem)) = unencodable.get(&(topic, message.offset())) {
+            task.dead_letter_unencodable(&record, what, problem)?;
+        } else {
+            let parent = trace::extract(
+                message
+                    .headers()
+                    .into_iter()
+                    .flat_map(|hs| hs.iter())
+                    .map(|h| (h.key, h.value.unwrap_or_default())),
+            );
+            match task.handle_record_in(&record, &parent) {
+                Ok(()) => {}
+                Err(partition::Error::Encode { what, source, .. }) => {
+                    return Ok(Pass::Unencodable {
+                        topic,
+                        offset: message.offset(),
+                        what,
+                        problem: source.to_string(),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         handled += 1;
         last.insert(topic, message);
     }
     for (topic, message) in last {
         task.note_last_consumed(topic, message.offset(), fingerprint(message));
     }
-    // The messages go back to librdkafka before the commit.
-    drop(records);
-    let (sealed, unsynced) = close(task, settings)?;
-    Ok(Decided {
-        partition,
-        handled,
-        sealed,
-        unsynced,
-        observed: task.take_observed(),
-    })
+    Ok(Pass::Decided(handled))
 }
 
 /// The end of a task's share of a batch, once its records are handled: due timers, a due

@@ -226,6 +226,8 @@ pub struct PartitionTask {
     /// records (see `acknowledged`).
     changelog_cursor: Option<i64>,
     pub counters: Counters,
+    /// `counters` as of the last seal: what a discarded batch goes back to.
+    sealed_counters: Counters,
     /// What the current batch did, for the metrics (taken by the run loop after each seal).
     observed: Observed,
     /// The trace context (`traceparent`, `tracestate`) of the input being decided: every output
@@ -275,6 +277,7 @@ impl PartitionTask {
             changelog_next,
             changelog_cursor: changelog_next,
             counters: Counters::default(),
+            sealed_counters: Counters::default(),
             observed: Observed::default(),
             trace_headers: Vec::new(),
             last_checkpoint: None,
@@ -657,6 +660,7 @@ impl PartitionTask {
             None
         };
         self.staged_offsets.clear();
+        self.sealed_counters = self.counters.clone();
         Ok((Outbox { row, records }, sync))
     }
 
@@ -757,6 +761,7 @@ impl PartitionTask {
 
     /// Forgets the uncommitted batch (the partition was revoked mid-batch).
     pub fn discard(&mut self) -> Result<()> {
+        self.counters = self.sealed_counters.clone();
         self.observed = Observed::default();
         self.staged_outbox.clear();
         self.staged_offsets.clear();
@@ -819,6 +824,20 @@ impl PartitionTask {
                 ));
             }
         };
+        // Every identifier is bounded before anything echoes it; the reply goes out only when
+        // the fields it repeats are themselves within the bound.
+        let max = self.task.core().config().max_identifier_bytes;
+        if let Some((field, len)) = input.oversized_identifier(max) {
+            return Err(Refusal {
+                reason: Reason::Oversized,
+                detail: format!("{field} is {len} bytes, the limit is {max}"),
+                reply: reply_target(&input).filter(|(id, key, run)| {
+                    id.len() <= max
+                        && key.len() <= max
+                        && run.as_ref().is_none_or(|r| r.len() <= max)
+                }),
+            });
+        }
         if let Some(operation_key) = input.operation_key() {
             let reply_to = reply_target(&input);
             if rec.key != Some(operation_key.as_bytes()) {
@@ -826,7 +845,8 @@ impl PartitionTask {
                     reason: Reason::KeyMismatch,
                     detail: format!(
                         "the record's Kafka key {:?} is not its operation key {operation_key:?}",
-                        rec.key.map(String::from_utf8_lossy)
+                        rec.key
+                            .map(|k| wire::clip(&String::from_utf8_lossy(k), max).into_owned())
                     ),
                     reply: reply_to,
                 });
@@ -848,14 +868,42 @@ impl PartitionTask {
         Ok(input)
     }
 
-    fn dead_letter(&mut self, rec: &InputRecord<'_>, refusal: Refusal) -> Result<()> {
+    /// Dead-letters an input whose outputs could not be encoded (over the record limit, see
+    /// `kafka.max_message_bytes`). The caller discarded the batch and decides it again with
+    /// this record here instead of decided: its state changes are never kept, and a restart
+    /// takes the same path (the outputs are the same bytes again).
+    pub fn dead_letter_unencodable(
+        &mut self,
+        rec: &InputRecord<'_>,
+        what: &str,
+        problem: &str,
+    ) -> Result<()> {
+        let reply = self.accept(rec).ok().as_ref().and_then(reply_target);
+        self.dead_letter(
+            rec,
+            Refusal {
+                reason: Reason::Oversized,
+                detail: format!("its {what} cannot be written: {problem}"),
+                reply,
+            },
+        )
+    }
+
+    fn dead_letter(&mut self, rec: &InputRecord<'_>, mut refusal: Refusal) -> Result<()> {
         self.counters.dead_lettered += 1;
         self.observed.dead_letters.push(refusal.reason);
         let partition = self.partition();
         let owner_epoch = self.owner_epoch();
+        refusal.detail = wire::clip(&refusal.detail, wire::MAX_DETAIL_BYTES).into_owned();
         let id = format!("dlq/{}/{partition}/{}", rec.topic, rec.offset);
         let mut headers = wire::identity("dlq", &id, partition, owner_epoch);
         let id = format!("x/{}", &id[4..]);
+        let (key, value) = wire::dead_letter_copy(
+            rec.key,
+            rec.payload,
+            self.codec.max_payload_bytes(),
+            &mut headers,
+        );
         headers.extend([
             (
                 header::DLQ_REASON.to_owned(),
@@ -881,8 +929,8 @@ impl PartitionTask {
         self.push_outbox(OutRecord {
             topic: self.names.dlq(),
             partition,
-            key: rec.key.map(<[u8]>::to_vec),
-            value: rec.payload.map(<[u8]>::to_vec),
+            key,
+            value,
             headers,
             phase: 0,
         });
@@ -1185,6 +1233,7 @@ pub fn pending_outbox(store: &RocksStore, partition: i32) -> Result<Vec<Outbox>>
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::core::StateView;
     use crate::sample;
     use crate::store::{RocksBackend, RocksOptions, StateStore};
 
@@ -1245,6 +1294,245 @@ mod tests {
         ];
         for (i, other) in others.iter().enumerate() {
             assert_ne!(*other, base, "variant {i}");
+        }
+    }
+
+    /// A task of partition 0 of 1 over a fresh RocksDB directory, its codec's payload limit
+    /// `max_payload`.
+    fn task(max_payload: usize) -> (tempfile::TempDir, PartitionTask, Names) {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = RocksBackend::open(
+            dir.path(),
+            &RocksOptions {
+                sync: false,
+                ..RocksOptions::default()
+            },
+        )
+        .unwrap();
+        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
+        let names = Names::new("t.");
+        let ctx = TaskContext {
+            partition: 0,
+            owner_epoch: 1,
+            task: "test/0".to_owned(),
+        };
+        let store = StateStore::open(backend).unwrap();
+        let codec = Codec::new().with_max_payload_bytes(max_payload);
+        let task = PartitionTask::new(core, store, ctx, names.clone(), codec, 1).unwrap();
+        (dir, task, names)
+    }
+
+    fn record<'a>(
+        source: Source,
+        topic: &'a str,
+        offset: i64,
+        key: &'a [u8],
+        payload: &'a [u8],
+    ) -> InputRecord<'a> {
+        InputRecord {
+            source,
+            topic,
+            offset,
+            key: Some(key),
+            payload: Some(payload),
+            timestamp: NOW,
+        }
+    }
+
+    /// Key, value and headers of a record as the broker counts them, roughly.
+    fn size(r: &OutRecord) -> usize {
+        r.key.as_ref().map_or(0, Vec::len)
+            + r.value.as_ref().map_or(0, Vec::len)
+            + r.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+
+    const LIMIT: usize = 64 * 1_024 - crate::runtime::config::RECORD_RESERVE_BYTES;
+
+    #[test]
+    fn oversized_identifiers_and_payloads_are_dead_lettered_within_the_record_limit() {
+        use sha2::Digest;
+        let (_dir, mut task, names) = task(LIMIT);
+        let codec = Codec::new();
+        let proposals = names.proposals();
+        let approvals = names.approvals();
+
+        // A proposal whose id alone is 20 KB: dead-lettered, no reply (it would echo the id).
+        let mut long_id = sample::refund("refund:a", 100, NOW);
+        long_id.proposal_id = "p".repeat(20_000);
+        let bytes = codec.encode_single_object(&long_id).unwrap();
+        task.handle_record(&record(
+            Source::Proposals,
+            &proposals,
+            0,
+            b"refund:a",
+            &bytes,
+        ))
+        .unwrap();
+
+        // An approval from a 20 KB approver: dead-lettered, the reply names its approval id.
+        let mut approval = sample::approval(
+            &sample::refund("refund:b", 100, NOW),
+            "00",
+            &"a".repeat(20_000),
+            airlock_schemas::ApprovalVerdict::Approve,
+            NOW,
+        );
+        approval.approval_id = "appr-b".to_owned();
+        let approval_id = approval.approval_id.clone();
+        let bytes = codec.encode_single_object(&approval).unwrap();
+        task.handle_record(&record(
+            Source::Approvals,
+            &approvals,
+            0,
+            b"refund:b",
+            &bytes,
+        ))
+        .unwrap();
+
+        // 200 KB of garbage under a 5 KB key: a copy cut to fit, with the original's size and
+        // digest.
+        let garbage = vec![0xc3; 200_000];
+        let key = vec![b'k'; 5_000];
+        task.handle_record(&record(Source::Proposals, &proposals, 1, &key, &garbage))
+            .unwrap();
+
+        let outbox = task.seal(NOW).unwrap();
+        let dlq: Vec<&OutRecord> = outbox
+            .records
+            .iter()
+            .filter(|r| r.topic == names.dlq())
+            .collect();
+        assert_eq!(dlq.len(), 3, "{dlq:?}");
+        let header = |r: &OutRecord, name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
+        };
+        for r in &dlq {
+            assert_eq!(header(r, header::DLQ_REASON).as_deref(), Some("OVERSIZED"));
+        }
+        assert_eq!(
+            header(dlq[0], header::DLQ_DETAIL).as_deref(),
+            Some("proposal_id is 20000 bytes, the limit is 512")
+        );
+        assert_eq!(
+            header(dlq[1], header::DLQ_DETAIL).as_deref(),
+            Some("approver_id is 20000 bytes, the limit is 512")
+        );
+        assert_eq!(header(dlq[0], header::DLQ_TRUNCATED), None, "it fits whole");
+        let cut = dlq[2];
+        assert_eq!(
+            header(cut, header::DLQ_TRUNCATED).as_deref(),
+            Some("key,value")
+        );
+        assert_eq!(
+            header(cut, header::DLQ_VALUE_BYTES).as_deref(),
+            Some("200000")
+        );
+        assert_eq!(header(cut, header::DLQ_KEY_BYTES).as_deref(), Some("5000"));
+        assert_eq!(
+            header(cut, header::DLQ_VALUE_SHA256),
+            Some(canonical::hex_lower(&sha2::Sha256::digest(&garbage)))
+        );
+        assert_eq!(cut.value.as_ref().map(Vec::len), Some(LIMIT));
+        assert_eq!(
+            cut.key.as_ref().map(Vec::len),
+            Some(wire::MAX_DEAD_LETTER_KEY_BYTES)
+        );
+
+        let decisions: Vec<Decision> = outbox
+            .records
+            .iter()
+            .filter(|r| r.topic == names.decisions())
+            .map(
+                |r| match codec.decode(r.value.as_deref().unwrap()).unwrap().record {
+                    AnyRecord::Decision(d) => d,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        assert_eq!(decisions[0].in_reply_to, approval_id);
+        assert_eq!(decisions[0].reason, Reason::Oversized);
+        for r in &outbox.records {
+            assert!(size(r) <= LIMIT + 4_096, "{} is {} bytes", r.topic, size(r));
+        }
+        assert_eq!(task.counters.dead_lettered, 3);
+    }
+
+    #[test]
+    fn an_input_whose_outputs_cannot_be_encoded_is_dead_lettered_and_changes_nothing() {
+        let (_dir, mut task, names) = task(LIMIT);
+        let codec = Codec::new();
+        let proposals = names.proposals();
+        let refund = sample::refund("refund:a", 100, NOW);
+        let refund_bytes = codec.encode_single_object(&refund).unwrap();
+        // 20,000 quotes: 40 KB of arguments, within every input limit; the effect record that
+        // the journal event carries escapes them again, over the limit.
+        let mut email = sample::refund("email:a", 100, NOW);
+        email.tool = "send_email".to_owned();
+        email.arguments_json = serde_json::json!({
+            "tenant_id": "acme",
+            "to": "ops@example.com",
+            "subject": "s",
+            "body": "\"".repeat(20_000),
+        })
+        .to_string();
+        let email_bytes = codec.encode_single_object(&email).unwrap();
+        assert!(email_bytes.len() < LIMIT);
+
+        let first = record(Source::Proposals, &proposals, 0, b"refund:a", &refund_bytes);
+        let second = record(Source::Proposals, &proposals, 1, b"email:a", &email_bytes);
+        task.handle_record(&first).unwrap();
+        let err = task.handle_record(&second).unwrap_err();
+        assert!(matches!(err, Error::Encode { .. }), "{err}");
+
+        // What `decide_partition` does: the batch again, the record dead-lettered.
+        task.discard().unwrap();
+        task.handle_record(&first).unwrap();
+        let Error::Encode { what, source, .. } = err else {
+            unreachable!()
+        };
+        task.dead_letter_unencodable(&second, what, &source.to_string())
+            .unwrap();
+        let outbox = task.seal(NOW).unwrap();
+
+        assert!(task.store().effect("refund:a").unwrap().is_some());
+        assert!(task.store().effect("email:a").unwrap().is_none());
+        assert_eq!(task.counters.inputs, 1, "the discarded pass is not counted");
+        assert_eq!(task.counters.dead_lettered, 1);
+        let dlq: Vec<&OutRecord> = outbox
+            .records
+            .iter()
+            .filter(|r| r.topic == names.dlq())
+            .collect();
+        assert_eq!(dlq.len(), 1);
+        let reply = outbox
+            .records
+            .iter()
+            .filter(|r| r.topic == names.decisions())
+            .map(
+                |r| match codec.decode(r.value.as_deref().unwrap()).unwrap().record {
+                    AnyRecord::Decision(d) => d,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .find(|d| d.in_reply_to == email.proposal_id)
+            .expect("the sender hears why");
+        assert_eq!(reply.reason, Reason::Oversized);
+        assert!(
+            reply
+                .detail
+                .starts_with("its journal event cannot be written"),
+            "{}",
+            reply.detail
+        );
+        for r in &outbox.records {
+            assert!(size(r) <= LIMIT + 4_096, "{} is {} bytes", r.topic, size(r));
         }
     }
 

@@ -488,7 +488,6 @@ fn run_loop(
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         config.client_config().create()?;
     let partitions = topics::partition_counts(&admin, Duration::from_secs(30))?;
-    drop(admin);
     let mut mismatched: Vec<(String, i32)> = Vec::new();
     for topic in inputs.iter().chain(&output_topics) {
         match partitions.get(topic) {
@@ -504,6 +503,13 @@ fn run_loop(
         }
         .into());
     }
+    topics::check_message_limits(
+        &admin,
+        &output_topics,
+        config.kafka.max_message_bytes,
+        Duration::from_secs(30),
+    )?;
+    drop(admin);
 
     let instance = config.instance();
     let producer = Arc::new(Producer::new(
@@ -521,7 +527,7 @@ fn run_loop(
     let claim = Arc::new(Claim {
         core: core.clone(),
         names: names.clone(),
-        codec: Codec::new(),
+        codec: Codec::new().with_max_payload_bytes(config.kafka.max_payload_bytes()),
         partitions: config.topics.partitions,
         output_topics,
         state_dir: config.state.dir.clone(),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -26,6 +26,18 @@ pub enum Error {
         expected: i32,
         mismatched: Vec<(String, i32)>,
     },
+    #[error(
+        "topics accept smaller records than kafka.max_message_bytes ({max_message_bytes}): {}; \
+         a record the processor staged could never be written (raise the topics' \
+         max.message.bytes, or lower kafka.max_message_bytes)",
+        .smaller.iter().map(|(t, n)| format!("{t} takes {n}")).collect::<Vec<_>>().join(", ")
+    )]
+    MessageLimit {
+        max_message_bytes: usize,
+        smaller: Vec<(String, usize)>,
+    },
+    #[error("describing topic {topic}: {problem}")]
+    Describe { topic: String, problem: String },
     #[error("creating topic {topic}: {code}")]
     Create {
         topic: String,
@@ -160,6 +172,53 @@ pub fn partition_counts(
         .filter(|t| t.error().is_none())
         .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
         .collect())
+}
+
+/// Fails unless every topic of `topics` takes records of `max_message_bytes` (its
+/// `max.message.bytes`, the broker's default where the topic sets none): otherwise a record
+/// the processor made durable in its outbox would be refused by the broker on every resend.
+pub fn check_message_limits(
+    admin: &AdminClient<DefaultClientContext>,
+    topics: &[String],
+    max_message_bytes: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let resources: Vec<ResourceSpecifier<'_>> =
+        topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let options = AdminOptions::new().request_timeout(Some(timeout));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread tokio runtime builds without I/O");
+    let results = runtime.block_on(admin.describe_configs(&resources, &options))?;
+    let mut smaller = Vec::new();
+    for (topic, result) in topics.iter().zip(results) {
+        let describe = |problem: String| Error::Describe {
+            topic: topic.clone(),
+            problem,
+        };
+        let resource = result.map_err(|code| describe(code.to_string()))?;
+        let Some(value) = resource
+            .get("max.message.bytes")
+            .and_then(|e| e.value.as_deref())
+        else {
+            continue;
+        };
+        let limit: usize = value
+            .parse()
+            .map_err(|_| describe(format!("max.message.bytes is {value:?}")))?;
+        if limit < max_message_bytes {
+            smaller.push((topic.clone(), limit));
+        }
+    }
+    if smaller.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::MessageLimit {
+            max_message_bytes,
+            smaller,
+        })
+    }
 }
 
 /// Checks co-partitioning of the topics that exist, then creates the missing ones. Nothing is

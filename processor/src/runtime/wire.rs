@@ -33,6 +33,85 @@ pub mod header {
     pub const SOURCE_TOPIC: &str = "airlock-source-topic";
     pub const SOURCE_PARTITION: &str = "airlock-source-partition";
     pub const SOURCE_OFFSET: &str = "airlock-source-offset";
+    /// On a dead letter whose copy was cut to fit a record: `key`, `value` or `key,value`.
+    pub const DLQ_TRUNCATED: &str = "airlock-dlq-truncated";
+    /// On a cut dead letter: the size in bytes of the original key and value.
+    pub const DLQ_KEY_BYTES: &str = "airlock-dlq-key-bytes";
+    pub const DLQ_VALUE_BYTES: &str = "airlock-dlq-value-bytes";
+    /// On a cut dead letter: SHA-256 (lowercase hex) of the original key and value.
+    pub const DLQ_KEY_SHA256: &str = "airlock-dlq-key-sha256";
+    pub const DLQ_VALUE_SHA256: &str = "airlock-dlq-value-sha256";
+}
+
+/// The longest refusal detail a dead letter or a refusal decision carries, in bytes.
+pub const MAX_DETAIL_BYTES: usize = 1_024;
+
+/// The longest Kafka key a dead-letter copy keeps, in bytes.
+pub const MAX_DEAD_LETTER_KEY_BYTES: usize = 1_024;
+
+/// `text` cut to at most `max` bytes (at a character boundary), saying how much was cut.
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}…[{} more bytes]",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
+/// The key and value a dead letter keeps of its input: the originals when they fit a record
+/// whose payload may be `max_value` bytes (the key at most [`MAX_DEAD_LETTER_KEY_BYTES`]),
+/// else their first bytes, with the original's size and SHA-256 added to `headers` so that
+/// whoever holds the original can prove which record it was.
+pub fn dead_letter_copy(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    max_value: usize,
+    headers: &mut Vec<(String, Vec<u8>)>,
+) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    use sha2::{Digest, Sha256};
+    let mut truncated = Vec::new();
+    let mut keep = |bytes: &[u8], max: usize, what: &'static str, size: &str, digest: &str| {
+        if bytes.len() <= max {
+            return bytes.to_vec();
+        }
+        truncated.push(what);
+        headers.push((size.to_owned(), bytes.len().to_string().into_bytes()));
+        let sha = crate::core::canonical::hex_lower(&Sha256::digest(bytes));
+        headers.push((digest.to_owned(), sha.into_bytes()));
+        bytes[..max].to_vec()
+    };
+    let key = key.map(|k| {
+        keep(
+            k,
+            MAX_DEAD_LETTER_KEY_BYTES,
+            "key",
+            header::DLQ_KEY_BYTES,
+            header::DLQ_KEY_SHA256,
+        )
+    });
+    let value = value.map(|v| {
+        keep(
+            v,
+            max_value,
+            "value",
+            header::DLQ_VALUE_BYTES,
+            header::DLQ_VALUE_SHA256,
+        )
+    });
+    if !truncated.is_empty() {
+        headers.push((
+            header::DLQ_TRUNCATED.to_owned(),
+            truncated.join(",").into_bytes(),
+        ));
+    }
+    (key, value)
 }
 
 /// The value of `airlock-kind` on a fence marker.
