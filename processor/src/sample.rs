@@ -39,6 +39,7 @@ pub fn effect_record(key: &str, state: State) -> EffectRecord {
         attempts: 1,
         used_approvals: vec![],
         applied_controls: Vec::new(),
+        earlier_requesters: Vec::new(),
         retention_ms: 1_000,
         state,
         updated_at: 0,

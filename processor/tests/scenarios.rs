@@ -12,8 +12,8 @@ use airlock_processor::sample::{self, HOUR_MS};
 use airlock_processor::store::MemoryStore;
 use airlock_processor::task::Task;
 use airlock_schemas::{
-    ApprovalVerdict, ControlKind, Decision, EffectState, JournalKind, OutcomeKind, Reason,
-    ToolProposal, Verdict,
+    Approval, ApprovalVerdict, ControlKind, Decision, EffectState, JournalKind, OutcomeKind,
+    Reason, ToolProposal, Verdict,
 };
 
 const T0: i64 = 1_790_000_000_000;
@@ -182,7 +182,7 @@ fn changed_arguments_conflict_in_every_state() -> Vec<Decision> {
     let mut w = World::new();
     // DISPATCHED
     let p = sample::refund("refund:c1", 500, w.now);
-    w.propose(&p);
+    let bound = hash_of(&w.propose(&p));
     let changed = ToolProposal {
         proposal_id: "changed-1".into(),
         arguments_json: sample::money_arguments("acme", "acct-42", 501, "EUR"),
@@ -198,6 +198,18 @@ fn changed_arguments_conflict_in_every_state() -> Vec<Decision> {
         ..changed.clone()
     });
     assert_verdict(&e, Verdict::Conflict, Reason::HashConflict);
+    // The refusal names nothing of the intent the key is bound to.
+    let detail = &e.decisions[0].detail;
+    assert!(!detail.contains(&bound), "{detail}");
+    // Another tool with the very same arguments under a committed key: not a duplicate of it.
+    let debit = w.propose(&ToolProposal {
+        proposal_id: "changed-tool".into(),
+        tool: "debit".into(),
+        ..p.clone()
+    });
+    assert_verdict(&debit, Verdict::Conflict, Reason::HashConflict);
+    assert_eq!(debit.decisions[0].receipt, None);
+    assert!(debit.dispatches.is_empty());
     // AWAITING_APPROVAL
     let big = sample::refund("refund:c2", 50_000, w.now);
     w.propose(&big);
@@ -382,6 +394,46 @@ fn reproposal_after_proven_failure_is_a_new_attempt() -> Vec<Decision> {
     w.seen
 }
 
+/// A retry proposed by another principal is that principal's attempt: it cannot approve it,
+/// nor can the intent's first requester, and the dispatch carries the retry's requester.
+fn no_requester_of_a_retried_intent_approves_it() -> Vec<Decision> {
+    let mut w = World::new();
+    let p = sample::refund("refund:retried", 50_000, w.now);
+    let hash = hash_of(&w.propose(&p));
+    let first = sample::approval(&p, &hash, "alice", ApprovalVerdict::Approve, w.now);
+    assert_eq!(w.feed(Input::Approval(first)).dispatches.len(), 1);
+    w.outcome("refund:retried", 1, OutcomeKind::Failed);
+
+    // bob, an agent who is also a finance approver, proposes the retry.
+    let retry = ToolProposal {
+        principal_id: "bob".into(),
+        ..sample::resend(&p, 1)
+    };
+    assert_verdict(
+        &w.propose(&retry),
+        Verdict::PendingApproval,
+        Reason::ApprovalRequired,
+    );
+    for (id, requester) in [("by-bob", "bob"), ("by-agent", "agent-support-1")] {
+        let own = Approval {
+            approval_id: id.into(),
+            ..sample::approval(&p, &hash, requester, ApprovalVerdict::Approve, w.now)
+        };
+        let e = w.feed(Input::Approval(own));
+        assert_verdict(&e, Verdict::Rejected, Reason::SelfApproval);
+        assert!(e.dispatches.is_empty());
+    }
+    let other = Approval {
+        approval_id: "by-alice-again".into(),
+        ..sample::approval(&p, &hash, "alice", ApprovalVerdict::Approve, w.now)
+    };
+    let e = w.feed(Input::Approval(other));
+    assert_eq!(e.dispatches.len(), 1, "{:?}", e.decisions);
+    assert_eq!(e.dispatches[0].epoch, 2);
+    assert_eq!(e.dispatches[0].principal_id, "bob");
+    w.seen
+}
+
 fn non_idempotent_tool_is_never_retried() -> Vec<Decision> {
     let mut w = World::new();
     let p = ToolProposal {
@@ -433,6 +485,7 @@ fn validation_refusals_in_order() -> Vec<Decision> {
         (ToolProposal { arguments_json: sample::money_arguments("acme", "acct-42", 600_000, "EUR"), ..base.clone() }, Verdict::Denied, Reason::PolicyDenied),
         (ToolProposal { principal_id: "agent-globex-1".into(), ..base.clone() }, Verdict::Denied, Reason::PolicyDenied),
         (ToolProposal { principal_id: "mallory".into(), ..base.clone() }, Verdict::Denied, Reason::PolicyDenied),
+        (ToolProposal { principal_id: "nobody-registered".into(), ..base.clone() }, Verdict::Denied, Reason::PolicyDenied),
         (ToolProposal { deadline_at: w.now, ..base.clone() }, Verdict::Rejected, Reason::DeadlineExpired),
     ];
     for (i, (mut p, verdict, reason)) in cases.into_iter().enumerate() {
@@ -790,6 +843,7 @@ mod run {
         connector_unknown_reconciles_until_operator_settles,
         proven_failure_retries_with_a_new_epoch,
         reproposal_after_proven_failure_is_a_new_attempt,
+        no_requester_of_a_retried_intent_approves_it,
         non_idempotent_tool_is_never_retried,
         validation_refusals_in_order,
         resource_must_be_bound,

@@ -20,8 +20,15 @@ pub const REDUCER_VERSION: i32 = 1;
 pub struct EffectRecord {
     pub operation_key: String,
     pub tenant_id: String,
-    /// The requester: the principal whose proposal created the intent. Never its own approver.
+    /// The requester of the current attempt: the principal whose proposal created the intent,
+    /// or proposed its latest retry. Never its own approver, and the dispatch carries it.
     pub principal_id: String,
+    /// Every earlier requester of the intent (proposers of attempts before the current one):
+    /// none of them may approve it either, so a second principal cannot propose the retry of
+    /// another's intent and approve it. Absent from the JSON while empty, so rows written
+    /// before it existed read and hash the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_requesters: Vec<String>,
     pub run_id: String,
     /// The proposal that created the intent; approvals and settlements reply to it.
     pub proposal_id: String,

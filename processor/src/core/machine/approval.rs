@@ -98,11 +98,11 @@ impl Core {
                 format!("the approval expired at {} (now {now})", a.expires_at),
             ));
         }
-        if a.approver_id == rec.principal_id {
+        if a.approver_id == rec.principal_id || rec.earlier_requesters.contains(&a.approver_id) {
             return Err((
                 Verdict::Rejected,
                 Reason::SelfApproval,
-                "the requester cannot approve its own intent".to_owned(),
+                "a requester of the intent cannot approve it".to_owned(),
             ));
         }
         let args: serde_json::Value =

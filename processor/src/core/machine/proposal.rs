@@ -106,13 +106,21 @@ impl Core {
         let existing = view.effect(&p.operation_key)?;
         let mut retry = false;
         if let Some(rec) = &existing {
-            if rec.arguments_hash != canonical.hash {
+            // A key binds tool, version, tenant and arguments together: anything else under it
+            // is another intent. The refusal names none of the bound intent's data (it may be
+            // another tenant's).
+            if rec.arguments_hash != canonical.hash
+                || rec.tool != tool.name
+                || rec.tool_version != tool.version
+                || rec.tenant_id != p.tenant_id
+            {
                 return refuse_bound(
                     Verdict::Conflict,
                     Reason::HashConflict,
                     format!(
-                        "operation key {} is bound to arguments {}; a new intent needs a new key",
-                        rec.operation_key, rec.arguments_hash
+                        "operation key {} is bound to another intent (its tool, version, tenant \
+                         or arguments differ); a new intent needs a new key",
+                        p.operation_key
                     ),
                     None,
                 );
@@ -471,12 +479,20 @@ impl Core {
                 attempts: 0,
                 used_approvals: Vec::new(),
                 applied_controls: Vec::new(),
+                earlier_requesters: Vec::new(),
                 retention_ms: a.tool.retention_ms,
                 // Replaced below; a record is never written in this placeholder state.
                 state: State::Expired { at: now },
                 updated_at: now,
             },
         };
+        if rec.principal_id != p.principal_id {
+            // A retry proposed by another principal: the attempt is theirs.
+            let earlier = std::mem::replace(&mut rec.principal_id, p.principal_id.clone());
+            if !rec.earlier_requesters.contains(&earlier) {
+                rec.earlier_requesters.push(earlier);
+            }
+        }
         rec.lease_fence = rec.lease_fence.max(p.lease_fence);
         rec.policy_bundle_hash.clone_from(&bundle);
         rec.updated_at = now;

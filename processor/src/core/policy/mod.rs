@@ -216,6 +216,10 @@ pub enum DenyReason {
     },
     /// No permit matched.
     NoPermit,
+    /// The principal is not in the entities: refused before any policy is evaluated, so a
+    /// policy written for known principals (`principal has tenant && ...`) cannot be slipped
+    /// past by an identity nobody registered.
+    UnknownPrincipal(String),
     /// The request could not be built, or a policy errored during evaluation
     /// (fail closed).
     Invalid(String),
@@ -228,6 +232,9 @@ impl fmt::Display for DenyReason {
                 write!(f, "forbidden by {}", policies.join(", "))
             }
             DenyReason::NoPermit => f.write_str("no policy permits it"),
+            DenyReason::UnknownPrincipal(id) => {
+                write!(f, "principal {id:?} is not in the policy entities")
+            }
             DenyReason::Invalid(message) => {
                 write!(f, "request could not be evaluated: {message}")
             }
@@ -388,6 +395,9 @@ impl Policy {
             self.principal_type.clone(),
             EntityId::new(req.principal),
         );
+        if self.entities.get(&principal).is_none() {
+            return Err(DenyReason::UnknownPrincipal(req.principal.to_owned()));
+        }
         let resource =
             EntityUid::from_type_name_and_id(self.tool_type.clone(), EntityId::new(req.tool));
         let request = Request::new(principal, action.clone(), resource, context, None)
@@ -802,6 +812,17 @@ mod tests {
         sources().1
     }
 
+    /// Entities JSON naming `ids` as principals without attributes or roles.
+    fn registered(ids: &[&str]) -> String {
+        let principals: Vec<Value> = ids
+            .iter()
+            .map(
+                |id| json!({"uid": {"type": PRINCIPAL_TYPE, "id": id}, "attrs": {}, "parents": []}),
+            )
+            .collect();
+        Value::Array(principals).to_string()
+    }
+
     fn refund_args(minor_units: i64) -> Value {
         json!({
             "account_id": "acct_1234",
@@ -890,15 +911,44 @@ mod tests {
             invoke(&policy, "agent-readonly-t1", "t1", "refund", &args),
             denied(DenyReason::NoPermit)
         );
-        // Not in the entities file: no tenant attribute, so isolation forbids.
+        // Not in the entities file: refused before any policy is evaluated.
         assert_eq!(
             invoke(&policy, "ghost", "t1", "refund", &args),
-            denied(forbidden(&["tenant-isolation"]))
+            denied(DenyReason::UnknownPrincipal("ghost".to_owned()))
         );
         // A tool no policy names: only the global policies apply.
         assert_eq!(
             invoke(&policy, "agent-support-t1", "t1", "wire_transfer", &args),
             denied(DenyReason::NoPermit)
+        );
+    }
+
+    /// A permit with no role constraint, and an isolation forbid that only applies to
+    /// principals with a tenant: an identity nobody registered would pass both, for any
+    /// tenant, if policies were evaluated for it.
+    #[test]
+    fn an_unknown_principal_is_refused_whatever_the_policies_permit() {
+        let policy = Policy::from_sources(
+            r#"
+            @id("isolation") forbid (principal, action, resource)
+            when { principal has tenant && principal.tenant != context.tenant };
+            @id("anyone") @tier("auto") permit (principal, action, resource);
+            "#,
+            &entities(),
+        )
+        .unwrap();
+        let args = refund_args(100);
+        assert_eq!(
+            invoke(&policy, "agent-support-t1", "t1", "refund", &args),
+            auto(&["anyone"])
+        );
+        assert_eq!(
+            invoke(&policy, "ghost", "t2", "refund", &args),
+            denied(DenyReason::UnknownPrincipal("ghost".to_owned()))
+        );
+        assert_eq!(
+            policy.authorize_approve(&request("ghost", "t1", "refund", &args)),
+            Err(DenyReason::UnknownPrincipal("ghost".to_owned()))
         );
     }
 
@@ -1006,7 +1056,7 @@ mod tests {
         let custom = Policy::from_sources(
             r#"@tier("auto") permit (principal, action, resource)
                unless { context.arguments has note };"#,
-            "[]",
+            &registered(&["p", "mallory"]),
         )
         .unwrap();
         assert!(matches!(
@@ -1058,7 +1108,7 @@ mod tests {
             r#"@id("owner") @tier("auto")
                permit (principal, action, resource)
                when { context.arguments.owner == principal };"#,
-            "[]",
+            &registered(&["p", "mallory"]),
         )
         .unwrap();
         let args = json!({"owner": {"__entity": {"type": "Airlock::Principal", "id": "mallory"}}});
@@ -1083,7 +1133,7 @@ mod tests {
                  context.resource == "acct_1234" && context.run_id == "run-1" &&
                  context.arguments.amount.minor_units == 100
                };"#,
-            "[]",
+            &registered(&["p", "mallory"]),
         )
         .unwrap();
         assert_eq!(
@@ -1110,7 +1160,7 @@ mod tests {
             forbid (principal, action, resource == Airlock::Tool::"debit")
             when { context.arguments.no_such_field > 1 };
         "#;
-        let policy = Policy::from_sources(policies, "[]").unwrap();
+        let policy = Policy::from_sources(policies, &registered(&["p", "mallory"])).unwrap();
         // Allowed, but the erroring forbid might have denied: deny.
         let outcome = invoke(&policy, "p", "t1", "refund", &json!({}));
         assert!(
@@ -1203,7 +1253,7 @@ mod tests {
             @id("only-debit") @tier("auto")
             permit (principal, action, resource == Airlock::Tool::"debit");
         "#;
-        let policy = Policy::from_sources(policies, "[]").unwrap();
+        let policy = Policy::from_sources(policies, &registered(&["p", "mallory"])).unwrap();
         assert_eq!(
             policy.applicable_policy_ids("refund"),
             ["in-scope", "is-scope", "other-type"]
@@ -1247,7 +1297,16 @@ mod tests {
                             (&policy.approve, &policy.approve_index),
                         ];
                         for (action, index) in actions {
-                            let indexed = policy.evaluate(&req, action, index).unwrap();
+                            let indexed = match policy.evaluate(&req, action, index) {
+                                Ok(response) => response,
+                                // Refused before the index is consulted: the same answer
+                                // either way.
+                                Err(DenyReason::UnknownPrincipal(_)) => {
+                                    compared += 1;
+                                    continue;
+                                }
+                                Err(e) => panic!("{e}"),
+                            };
                             let context = context::build(&req, &Reads::All).unwrap();
                             let full_request = Request::new(
                                 EntityUid::from_type_name_and_id(
@@ -1308,7 +1367,7 @@ mod tests {
             @id("is-tool") @tier("approval")
             permit (principal, action == Airlock::Action::"invoke", resource is Airlock::Tool);
         "#;
-        let policy = Policy::from_sources(policies, "[]").unwrap();
+        let policy = Policy::from_sources(policies, &registered(&["p", "mallory"])).unwrap();
         let (set, _) = &policy.invoke_index.fallback;
         let p = set.policies().next().unwrap();
         assert_eq!(p.action_constraint(), ActionConstraint::Any);
