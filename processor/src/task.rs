@@ -212,6 +212,14 @@ impl<S: Store> Task<S> {
     }
 
     /// Forgets the uncommitted batch, as a crash would.
+    /// Reloads what the task keeps in memory from its store (journal sequence, receipt chain
+    /// head), after the store's staged rows were rolled back.
+    pub fn reload(&mut self) -> Result<()> {
+        self.next_sequence = load_sequence(&self.store, self.ctx.partition)?;
+        self.receipt_head = load_receipt_head(&self.store, self.ctx.partition)?;
+        Ok(())
+    }
+
     pub fn discard(&mut self) -> Result<()> {
         self.store.discard();
         self.next_sequence = load_sequence(&self.store, self.ctx.partition)?;

@@ -247,6 +247,37 @@ fn raw_tables_and_value_versions(f: &mut impl Fixture) {
     assert!(matches!(err, store::Error::Version { found, .. } if found == codec::VALUE_FORMAT + 1));
 }
 
+/// A batch decided again (an input whose outputs could not be encoded) rolls back to where it
+/// started: what it staged goes, rows staged before it (an outbox acknowledgement) stay, and
+/// the projection hash is the one at the save point.
+fn a_roll_back_keeps_what_was_staged_before_the_save_point(f: &mut impl Fixture) {
+    let mut s = f.open();
+    s.stage_raw(Table::Outbox, &7u64.to_be_bytes(), None);
+    s.stage_raw(
+        Table::Offset,
+        b"airlock.proposals/0",
+        Some(41u64.to_be_bytes().to_vec()),
+    );
+    let before = s.projection_hash();
+    let point = s.save_point();
+    s.apply(&[effect("k1", dispatched(100))]).unwrap();
+    s.stage_raw(
+        Table::Offset,
+        b"airlock.proposals/0",
+        Some(42u64.to_be_bytes().to_vec()),
+    );
+    assert_ne!(s.projection_hash(), before);
+    s.roll_back_to(&point);
+    assert!(s.effect("k1").unwrap().is_none(), "the batch's rows go");
+    assert_eq!(s.projection_hash(), before);
+    assert_eq!(
+        s.get_raw(Table::Offset, b"airlock.proposals/0").unwrap(),
+        Some(41u64.to_be_bytes().to_vec()),
+        "rows staged before the save point stay"
+    );
+    assert_eq!(s.staged().count(), 2);
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -265,4 +296,5 @@ both_backends!(
     timers_follow_their_records,
     projection_hash_is_order_independent_and_durable,
     raw_tables_and_value_versions,
+    a_roll_back_keeps_what_was_staged_before_the_save_point,
 );

@@ -153,6 +153,7 @@ fn decide_partition(
     // is discarded and decided again with each of them dead-lettered instead (see
     // `PartitionTask::dead_letter_unencodable`). Each pass adds one, so this ends.
     let mut unencodable: BTreeMap<(&str, i64), (&'static str, String)> = BTreeMap::new();
+    let start = task.save_point();
     let handled = loop {
         match decide_records(task, &records, sources, &unencodable)? {
             Pass::Decided(handled) => break handled,
@@ -166,7 +167,7 @@ fn decide_partition(
                     "{topic} partition {partition} offset {offset}: its {what} cannot be \
                      written ({problem}); the record is dead-lettered and its batch decided again"
                 );
-                task.discard()?;
+                task.roll_back_to(&start)?;
                 unencodable.insert((topic, offset), (what, problem));
             }
         }

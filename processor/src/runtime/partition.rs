@@ -759,7 +759,27 @@ impl PartitionTask {
         std::mem::take(&mut self.observed)
     }
 
-    /// Forgets the uncommitted batch (the partition was revoked mid-batch).
+    /// Where a batch starts, to decide it again from there ([`PartitionTask::roll_back_to`]).
+    pub fn save_point(&self) -> crate::store::SavePoint {
+        self.task.store().save_point()
+    }
+
+    /// Forgets what the current batch staged, keeping what was staged before `point` (outbox
+    /// acknowledgements and changelog rewrites, made durable with the next seal): the batch is
+    /// then decided again.
+    pub fn roll_back_to(&mut self, point: &crate::store::SavePoint) -> Result<()> {
+        self.counters = self.sealed_counters.clone();
+        self.observed = Observed::default();
+        self.staged_outbox.clear();
+        self.staged_offsets.clear();
+        self.task.store_mut().roll_back_to(point);
+        self.task.reload()?;
+        self.next_outbox =
+            read_u64(self.task.store(), META_OUTBOX_NEXT, self.partition())?.unwrap_or(0);
+        Ok(())
+    }
+
+    /// Forgets everything staged since the last commit (the partition was revoked mid-batch).
     pub fn discard(&mut self) -> Result<()> {
         self.counters = self.sealed_counters.clone();
         self.observed = Observed::default();

@@ -436,6 +436,9 @@ impl Claim {
         self.reader.assign(&tpl).map_err(kafka)?;
         let mut at = from;
         let mut progress = Instant::now();
+        // The broker took every changelog record, whatever `kafka.max_message_bytes` says now
+        // (it may have been lowered since): the write limit does not apply to reading them.
+        let codec = self.codec.clone().with_max_payload_bytes(usize::MAX);
         let result = (|| {
             while at < until {
                 let Some(message) = self.reader.poll(Duration::from_millis(200)) else {
@@ -504,8 +507,7 @@ impl Claim {
                 let payload = message
                     .payload()
                     .ok_or_else(|| corrupt("no value".to_owned()))?;
-                let record: ChangelogRecord = self
-                    .codec
+                let record: ChangelogRecord = codec
                     .decode_as(payload)
                     .map_err(|e| corrupt(e.to_string()))?;
                 visit(offset, epoch, Some(record))?;

@@ -122,6 +122,14 @@ pub trait Store: StateView {
 
 const META_PROJECTION: &[u8] = b"projection_hash";
 
+/// The staged rows and projection hash of a [`StateStore`] at one moment
+/// ([`StateStore::save_point`]).
+#[derive(Debug)]
+pub struct SavePoint {
+    staged: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    projection: [u8; 32],
+}
+
 /// Typed tables, timers and projection hash over any [`Backend`].
 #[derive(Debug)]
 pub struct StateStore<B> {
@@ -164,6 +172,23 @@ impl<B: Backend> StateStore<B> {
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// What is staged now, to come back to with [`StateStore::roll_back_to`]: a batch decided
+    /// again must keep the rows staged before it began (outbox acknowledgements, changelog
+    /// rewrites), which a [`Store::discard`] would drop too.
+    pub fn save_point(&self) -> SavePoint {
+        SavePoint {
+            staged: self.staged.clone(),
+            projection: self.projection,
+        }
+    }
+
+    /// Drops what was staged since `point` was taken, and only that.
+    pub fn roll_back_to(&mut self, point: &SavePoint) {
+        self.staged.clone_from(&point.staged);
+        self.projection = point.projection;
+        self.read_cache.get_mut().clear();
     }
 
     /// Everything staged since the last commit, in key order (`None` deletes): the runtime
