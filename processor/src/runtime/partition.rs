@@ -1558,26 +1558,8 @@ mod tests {
 
     #[test]
     fn a_redelivered_last_record_must_match_its_fingerprint() {
-        let dir = tempfile::tempdir().unwrap();
-        let backend = RocksBackend::open(
-            dir.path(),
-            &RocksOptions {
-                sync: false,
-                ..RocksOptions::default()
-            },
-        )
-        .unwrap();
-        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
-        let names = Names::new("t.");
-        let ctx = TaskContext {
-            partition: 0,
-            owner_epoch: 1,
-            task: "test/0".to_owned(),
-        };
-        let store = StateStore::open(backend).unwrap();
         let codec = Codec::new();
-        let mut task =
-            PartitionTask::new(core, store, ctx, names.clone(), codec.clone(), 1).unwrap();
+        let (_dir, mut task, names) = task(codec.max_payload_bytes());
         let topic = names.proposals();
         let mut last = [0; 16];
         for offset in 0..3 {
