@@ -1,5 +1,5 @@
-//! Capabilities: the processor's Ed25519 signature on every dispatch command, and the check a
-//! connector worker runs before it lets a command near a real system (DESIGN.md section 7).
+//! Capabilities: the processor's Ed25519 signature on every dispatch and reconcile command, and
+//! the check a connector worker runs before it lets a command near a real system.
 //!
 //! A worker that obeys any record on its dispatch topic lets whoever can write to that topic
 //! move money. With a capability, only the holder of the processor's signing key can issue a
@@ -32,7 +32,7 @@
 
 use std::path::{Path, PathBuf};
 
-use airlock_schemas::DispatchCommand;
+use airlock_schemas::{DispatchCommand, ReconcileCommand};
 use ed25519_dalek::{Signature, Signer as _, Verifier as _};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 
@@ -40,6 +40,8 @@ use crate::core::canonical;
 
 /// Domain separation tag of version 1 of the signed message. Never change it.
 const DOMAIN_V1: &[u8] = b"airlock/capability/v1\0";
+/// Domain separation tag of version 1 of a reconcile command's signed message. Never change it.
+const RECONCILE_DOMAIN_V1: &[u8] = b"airlock/reconcile/v1\0";
 /// The first byte of a version-1 capability.
 pub const VERSION: u8 = 1;
 /// Length of a version-1 capability: version byte and signature.
@@ -105,12 +107,14 @@ impl Refused {
     }
 }
 
+/// A string of a signed message: its big-endian `u32` byte length, then its UTF-8 bytes.
+fn string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
 /// The version-1 signed message of `cmd` (see the module documentation).
 pub fn message(cmd: &DispatchCommand) -> Vec<u8> {
-    fn string(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u32).to_be_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
     let mut out = Vec::with_capacity(DOMAIN_V1.len() + 512);
     out.extend_from_slice(DOMAIN_V1);
     string(&mut out, &cmd.command_id);
@@ -137,11 +141,7 @@ pub fn message(cmd: &DispatchCommand) -> Vec<u8> {
 /// The capability of `cmd` (its current `capability` field is ignored): `[VERSION] ++
 /// signature`.
 pub fn sign(key: &SigningKey, cmd: &DispatchCommand) -> Vec<u8> {
-    let signature = key.sign(&message(cmd));
-    let mut out = Vec::with_capacity(CAPABILITY_LEN);
-    out.push(VERSION);
-    out.extend_from_slice(&signature.to_bytes());
-    out
+    capability_of(key, &message(cmd))
 }
 
 /// Checks `cmd` as a worker must before starting it, at wall-clock time `now` (epoch ms):
@@ -152,7 +152,66 @@ pub fn verify(key: &VerifyingKey, cmd: &DispatchCommand, now: i64) -> Result<(),
 
 /// [`verify`] against several trusted keys (a key rotation): the command must verify under one.
 pub fn verify_any(keys: &[VerifyingKey], cmd: &DispatchCommand, now: i64) -> Result<(), Refused> {
-    let capability = cmd.capability.as_deref().ok_or(Refused::Missing)?;
+    signed_by_any(keys, cmd.capability.as_deref(), &message(cmd))?;
+    arguments_match(cmd)?;
+    if now >= cmd.attempt_deadline_at {
+        return Err(Refused::Expired {
+            attempt_deadline_at: cmd.attempt_deadline_at,
+            now,
+        });
+    }
+    Ok(())
+}
+
+/// The version-1 signed message of a reconcile command: `"airlock/reconcile/v1\0"`, then every
+/// field but `capability`, in schema order: `command_id`, `operation_key`, `epoch`, `tool`,
+/// `connector`, `idempotency_key`, `arguments_hash`, `round`, `owner_partition`,
+/// `owner_epoch`, `issued_at`, encoded as in [`message`]. Its own domain tag keeps a dispatch
+/// signature from ever verifying as a reconcile signature, and back. Frozen like [`message`].
+pub fn reconcile_message(cmd: &ReconcileCommand) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RECONCILE_DOMAIN_V1.len() + 256);
+    out.extend_from_slice(RECONCILE_DOMAIN_V1);
+    string(&mut out, &cmd.command_id);
+    string(&mut out, &cmd.operation_key);
+    out.extend_from_slice(&cmd.epoch.to_be_bytes());
+    string(&mut out, &cmd.tool);
+    string(&mut out, &cmd.connector);
+    string(&mut out, &cmd.idempotency_key);
+    string(&mut out, &cmd.arguments_hash);
+    out.extend_from_slice(&cmd.round.to_be_bytes());
+    out.extend_from_slice(&cmd.owner_partition.to_be_bytes());
+    out.extend_from_slice(&cmd.owner_epoch.to_be_bytes());
+    out.extend_from_slice(&cmd.issued_at.to_be_bytes());
+    out
+}
+
+/// The capability of reconcile command `cmd` (its `capability` field is ignored).
+pub fn sign_reconcile(key: &SigningKey, cmd: &ReconcileCommand) -> Vec<u8> {
+    capability_of(key, &reconcile_message(cmd))
+}
+
+/// Checks that reconcile command `cmd` was signed by one of `keys`. A reconcile command has no
+/// deadline: it asks a read-only question, and the processor accepts the answer only for a
+/// round it asked (the round is signed).
+pub fn verify_reconcile_any(keys: &[VerifyingKey], cmd: &ReconcileCommand) -> Result<(), Refused> {
+    signed_by_any(keys, cmd.capability.as_deref(), &reconcile_message(cmd))
+}
+
+fn capability_of(key: &SigningKey, message: &[u8]) -> Vec<u8> {
+    let signature = key.sign(message);
+    let mut out = Vec::with_capacity(CAPABILITY_LEN);
+    out.push(VERSION);
+    out.extend_from_slice(&signature.to_bytes());
+    out
+}
+
+/// Checks that `capability` is a version-1 signature of `message` by one of `keys`.
+fn signed_by_any(
+    keys: &[VerifyingKey],
+    capability: Option<&[u8]>,
+    message: &[u8],
+) -> Result<(), Refused> {
+    let capability = capability.ok_or(Refused::Missing)?;
     let Some((&version, signature)) = capability.split_first() else {
         return Err(Refused::Forged("the capability is empty".to_owned()));
     };
@@ -167,8 +226,7 @@ pub fn verify_any(keys: &[VerifyingKey], cmd: &DispatchCommand, now: i64) -> Res
             capability.len()
         ))
     })?;
-    let message = message(cmd);
-    if !keys.iter().any(|k| k.verify(&message, &signature).is_ok()) {
+    if !keys.iter().any(|k| k.verify(message, &signature).is_ok()) {
         return Err(Refused::Forged(format!(
             "not signed by {} over these fields",
             if keys.len() == 1 {
@@ -177,13 +235,6 @@ pub fn verify_any(keys: &[VerifyingKey], cmd: &DispatchCommand, now: i64) -> Res
                 format!("any of the {} trusted keys", keys.len())
             }
         )));
-    }
-    arguments_match(cmd)?;
-    if now >= cmd.attempt_deadline_at {
-        return Err(Refused::Expired {
-            attempt_deadline_at: cmd.attempt_deadline_at,
-            now,
-        });
     }
     Ok(())
 }
@@ -372,6 +423,51 @@ mod tests {
         "7312958315cb4d249cbcf43cb355cd41f88b9b5a327890576828b962132f2d93";
     const GOLDEN_CAPABILITY: &str = "010744839f331de3474b27d6a1d5d1f8caca6199ecea5efb2999ce424f43\
          6066064f30df88da4029517f3f344097d6d3f270a2d9e3e024e3e31f7dccf71956320c";
+
+    fn reconcile_command() -> ReconcileCommand {
+        ReconcileCommand {
+            command_id: "refund:txn_1#1/r2".into(),
+            operation_key: "refund:txn_1".into(),
+            epoch: 1,
+            tool: "refund".into(),
+            connector: "ledger".into(),
+            idempotency_key: "idem-refund-txn-1".into(),
+            arguments_hash: "0".repeat(64),
+            round: 2,
+            owner_partition: 2,
+            owner_epoch: 3,
+            capability: None,
+            issued_at: NOW,
+        }
+    }
+
+    /// The frozen version-1 reconcile message, computed independently (Python, as above).
+    #[test]
+    fn the_reconcile_encoding_matches_its_golden_vector_and_verifies() {
+        let mut cmd = reconcile_command();
+        let message = reconcile_message(&cmd);
+        use sha2::Digest;
+        assert_eq!(
+            hex::encode(sha2::Sha256::digest(&message)),
+            "1d312b6ea166696976ba91380f553ce405cca4853d4c7f550d3d1d6826a8e428"
+        );
+        let capability = sign_reconcile(&key(7), &cmd);
+        assert_eq!(
+            hex::encode(&capability),
+            "01b0c8f83530b98b99e48f5628b45570bcb657c0b3c6a9ed6a3ac76349bb476e46f72f7ed7c5c28a8cc5\
+             00cd0a623b304b89c431ded01b98d57163cb0d93da6c09"
+        );
+        cmd.capability = Some(capability);
+        let trusted = [key(7).verifying_key()];
+        assert_eq!(verify_reconcile_any(&trusted, &cmd), Ok(()));
+        cmd.round = 3;
+        assert!(matches!(
+            verify_reconcile_any(&trusted, &cmd),
+            Err(Refused::Forged(_))
+        ));
+        cmd.capability = None;
+        assert_eq!(verify_reconcile_any(&trusted, &cmd), Err(Refused::Missing));
+    }
 
     #[test]
     fn an_unsigned_command_is_refused_as_missing() {

@@ -187,7 +187,14 @@ pub fn outcome(key: &str, epoch: i64, kind: OutcomeKind, evidence: &str) -> Outc
         worker_id: "ledger-worker-1".to_owned(),
         evidence: Some(evidence.to_owned()),
         provider_reference: None,
-        reconcile_round: None,
+        // A reconcile answer is about round 1 unless the caller says otherwise.
+        reconcile_round: matches!(
+            kind,
+            OutcomeKind::ReconciledCommitted
+                | OutcomeKind::ReconciledFailed
+                | OutcomeKind::ReconciledUnknown
+        )
+        .then_some(1),
         observed_at: 0,
     }
 }

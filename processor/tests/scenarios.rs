@@ -78,13 +78,26 @@ impl World {
             .expect("record exists")
     }
 
+    /// An outcome from the connector `key`'s effect was dispatched to.
     fn outcome(&mut self, key: &str, epoch: i64, kind: OutcomeKind) -> Effects {
-        self.feed(Input::Outcome(sample::outcome(
-            key,
-            epoch,
-            kind,
-            "ledger says so",
-        )))
+        let mut o = sample::outcome(key, epoch, kind, "ledger says so");
+        o.connector = self.record(key).connector;
+        self.feed(Input::Outcome(o))
+    }
+
+    /// A connector's answer to reconcile round `round` (or to none) of `key`'s attempt `epoch`.
+    fn reconciled(
+        &mut self,
+        key: &str,
+        epoch: i64,
+        kind: OutcomeKind,
+        round: Option<i32>,
+    ) -> Effects {
+        let mut o = sample::outcome(key, epoch, kind, "looked it up");
+        o.connector = self.record(key).connector;
+        o.reconcile_round = round;
+        o.outcome_id = format!("{}/r{round:?}", o.outcome_id);
+        self.feed(Input::Outcome(o))
     }
 
     /// An operator control issued now (settle, cancel) for `key`.
@@ -431,6 +444,95 @@ fn no_requester_of_a_retried_intent_approves_it() -> Vec<Decision> {
     assert_eq!(e.dispatches.len(), 1, "{:?}", e.decisions);
     assert_eq!(e.dispatches[0].epoch, 2);
     assert_eq!(e.dispatches[0].principal_id, "bob");
+    w.seen
+}
+
+fn no_proof_of_failure_while_the_attempt_may_run() -> Vec<Decision> {
+    let mut w = World::new();
+    let p = sample::refund("refund:running", 700, w.now);
+    let cmd = w.propose(&p).dispatches[0].clone();
+    w.outcome("refund:running", 1, OutcomeKind::AttemptStarted);
+    let running = w.record("refund:running");
+    // Whoever writes the outcomes topic says "reconciled: it failed" while the call runs: no
+    // round was asked, so it changes nothing and no second epoch is dispatched.
+    for round in [None, Some(1)] {
+        let e = w.reconciled("refund:running", 1, OutcomeKind::ReconciledFailed, round);
+        assert!(e.writes.is_empty() && e.dispatches.is_empty() && e.decisions.is_empty());
+        assert_eq!(e.journal[0].kind, JournalKind::OutcomeIgnored);
+        assert!(
+            e.journal[0]
+                .evidence
+                .as_deref()
+                .is_some_and(|x| x.contains("no such round was asked")),
+            "{:?}",
+            e.journal[0].evidence
+        );
+    }
+    // An outcome from another connector than the one the effect was dispatched to.
+    let mut other = sample::outcome("refund:running", 1, OutcomeKind::Failed, "not mine");
+    other.connector = "http".into();
+    let e = w.feed(Input::Outcome(other));
+    assert!(e.writes.is_empty() && e.dispatches.is_empty() && e.decisions.is_empty());
+    assert!(
+        e.journal[0]
+            .evidence
+            .as_deref()
+            .is_some_and(|x| x.contains("the effect was dispatched to \"ledger\"")),
+        "{:?}",
+        e.journal[0].evidence
+    );
+    // Nor may an operator settle it FAILED while it may still land.
+    let e = w.control(
+        "settle-early",
+        ControlKind::SettleFailed,
+        Some("refund:running"),
+    );
+    assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
+    assert_eq!(w.record("refund:running"), running);
+    // Once the attempt timed out, round 1 is asked: an answer for round 2 still counts for
+    // nothing, the answer to round 1 is the proof.
+    let e = w.advance_to(cmd.attempt_deadline_at + 5_000);
+    assert_eq!(e.reconciles.len(), 1);
+    let e = w.reconciled("refund:running", 1, OutcomeKind::ReconciledFailed, Some(2));
+    assert!(e.writes.is_empty() && e.dispatches.is_empty());
+    let e = w.reconciled("refund:running", 1, OutcomeKind::ReconciledFailed, Some(1));
+    assert_eq!(e.writes.len(), 1);
+    assert_eq!(
+        w.record("refund:running").effect_state(),
+        EffectState::Failed
+    );
+    w.seen
+}
+
+fn a_reused_proposal_id_gets_no_one_elses_reply() -> Vec<Decision> {
+    let mut w = World::new();
+    let p = sample::refund("refund:first", 700, w.now);
+    let first = w.propose(&p);
+    assert_verdict(&first, Verdict::Accepted, Reason::AutoApproved);
+    // The producer's resend gets the same reply under the same decision id.
+    let first = decision(&first).clone();
+    let same = |e: &Effects| {
+        let d = decision(e);
+        (d.decision_id == first.decision_id)
+            && (d.verdict, d.reason, &d.arguments_hash)
+                == (first.verdict, first.reason, &first.arguments_hash)
+    };
+    assert!(same(&w.propose(&p)));
+    // Another proposal under the same id (another key, another principal): refused, with
+    // nothing of the first proposal's reply, and the first's reply stays the id's.
+    let squatter = ToolProposal {
+        operation_key: "refund:other".into(),
+        principal_id: "agent-billing-2".into(),
+        ..p.clone()
+    };
+    let e = w.propose(&squatter);
+    assert_verdict(&e, Verdict::Conflict, Reason::HashConflict);
+    let d = decision(&e);
+    assert_ne!(d.decision_id, first.decision_id);
+    assert_eq!(d.operation_key, "refund:other");
+    assert!(d.arguments_hash.is_none() && d.receipt.is_none() && d.epoch.is_none());
+    assert!(e.writes.is_empty() && e.dispatches.is_empty());
+    assert!(same(&w.propose(&p)));
     w.seen
 }
 
@@ -844,6 +946,8 @@ mod run {
         proven_failure_retries_with_a_new_epoch,
         reproposal_after_proven_failure_is_a_new_attempt,
         no_requester_of_a_retried_intent_approves_it,
+        no_proof_of_failure_while_the_attempt_may_run,
+        a_reused_proposal_id_gets_no_one_elses_reply,
         non_idempotent_tool_is_never_retried,
         validation_refusals_in_order,
         resource_must_be_bound,

@@ -290,7 +290,11 @@ impl Sim {
                 Some(_) => OutcomeKind::ReconciledCommitted,
                 None => OutcomeKind::ReconciledFailed,
             };
-            self.report(&r.operation_key, r.epoch, kind, "lookup by idempotency key");
+            let mut o =
+                sample::outcome(&r.operation_key, r.epoch, kind, "lookup by idempotency key");
+            o.outcome_id = format!("{}-r{}-{}", o.outcome_id, r.round, self.now);
+            o.reconcile_round = Some(r.round);
+            self.send(Input::Outcome(o));
         }
     }
 

@@ -80,6 +80,7 @@ fn seen(expires_at: i64) -> ProposalSeen {
         policy_bundle_hash: None,
         decided_at: 0,
         expires_at,
+        fingerprint: None,
     }
 }
 

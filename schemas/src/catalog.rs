@@ -42,6 +42,7 @@ const SNAPSHOTS: &[(RecordKind, u32, &str)] = &[
     snapshot!(Control, 1),
     snapshot!(DispatchCommand, 1),
     snapshot!(ReconcileCommand, 1),
+    snapshot!(ReconcileCommand, 2),
     snapshot!(Decision, 1),
     snapshot!(JournalEvent, 1),
     snapshot!(ChangelogRecord, 1),

@@ -226,6 +226,9 @@ pub struct ReconcileCommand {
     pub owner_partition: i32,
     /// The owner's epoch when it issued the command.
     pub owner_epoch: i64,
+    /// Signature proving Airlock issued the command; `None` until signing is enabled.
+    #[serde(with = "serde_avro_bytes_opt")]
+    pub capability: Option<Vec<u8>>,
     /// Issue time, epoch milliseconds.
     pub issued_at: i64,
 }

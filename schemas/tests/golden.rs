@@ -38,8 +38,8 @@ const FINGERPRINTS: &[(RecordKind, &str, &str)] = &[
     ),
     (
         RecordKind::ReconcileCommand,
-        "b3f6106ffd0c295d",
-        "5428b7946d3b8dc4",
+        "1ab667f31b0e40f3",
+        "68df7f0c180f1b1e",
     ),
     (RecordKind::Decision, "10bfd5276060e2c9", "b6d90f2168532fc6"),
     (

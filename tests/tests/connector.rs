@@ -11,7 +11,9 @@ use airlock_processor::core::canonical;
 use airlock_processor::runtime::partitioner;
 use airlock_processor::runtime::wire::{Admit, header};
 use airlock_processor::sample;
-use airlock_schemas::{Codec, Decision, DispatchCommand, Outcome, OutcomeKind, Verdict};
+use airlock_schemas::{
+    Codec, Decision, DispatchCommand, Outcome, OutcomeKind, ReconcileCommand, Verdict,
+};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::{Keys, Ledger};
 use airlock_tests::eventually;
@@ -251,6 +253,29 @@ fn command(
     cmd
 }
 
+/// A reconcile command for round 1 of `key`'s epoch 1, signed by `signed_by`.
+fn reconcile(key: &str, now: i64, signed_by: Option<&SigningKey>) -> ReconcileCommand {
+    let d = command(key, 100, now, None);
+    let mut cmd = ReconcileCommand {
+        command_id: format!("{key}#1/r1"),
+        operation_key: d.operation_key,
+        epoch: 1,
+        tool: d.tool,
+        connector: d.connector,
+        idempotency_key: d.idempotency_key,
+        arguments_hash: d.arguments_hash,
+        round: 1,
+        owner_partition: d.owner_partition,
+        owner_epoch: 1,
+        capability: None,
+        issued_at: now,
+    };
+    if let Some(k) = signed_by {
+        cmd.capability = Some(capability::sign_reconcile(k, &cmd));
+    }
+    cmd
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow::Result<()> {
     let keys = Keys::generate()?;
@@ -274,16 +299,21 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     // The control: the same path with a genuine command does reach the ledger.
     let genuine = command("refund:genuine", 100, now, Some(&keys.key));
 
+    // Reconcile commands nobody signed: answered, they would report a "proof" of failure.
+    let recon_unsigned = reconcile("refund:recon-unsigned", now, None);
+    let recon_forged = reconcile("refund:recon-forged", now, Some(&intruder));
+
     let codec = Codec::new();
+    let mut payloads = Vec::new();
     for cmd in [&forged, &altered, &unsigned, &expired, &raised, &genuine] {
-        let payload = codec.encode_single_object(cmd)?;
-        a.send_raw(
-            &producer,
-            &topic,
-            Some(cmd.operation_key.as_bytes()),
-            &payload,
-        )
-        .await?;
+        payloads.push((cmd.operation_key.clone(), codec.encode_single_object(cmd)?));
+    }
+    for cmd in [&recon_unsigned, &recon_forged] {
+        payloads.push((cmd.operation_key.clone(), codec.encode_single_object(cmd)?));
+    }
+    for (key, payload) in &payloads {
+        a.send_raw(&producer, &topic, Some(key.as_bytes()), payload)
+            .await?;
     }
 
     let genuine_outcome = eventually("the genuine command committed", WAIT, async || {
@@ -292,13 +322,13 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
             .find(|o| o.kind == OutcomeKind::Committed))
     })
     .await;
-    let dead = eventually("five dead letters from the worker", WAIT, async || {
+    let dead = eventually("seven dead letters from the worker", WAIT, async || {
         let letters: Vec<_> = a
             .read_topic(&a.names.dlq())?
             .into_iter()
             .filter(|r| r.admit == Admit::Accept && r.header("airlock-connector-worker").is_some())
             .collect();
-        Ok((letters.len() >= 5).then_some(letters))
+        Ok((letters.len() >= 7).then_some(letters))
     })
     .await;
     if genuine_outcome.is_err() || dead.is_err() {
@@ -323,6 +353,8 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     assert_eq!(reasons["refund:unsigned"], "UNSIGNED", "{reasons:?}");
     assert_eq!(reasons["refund:expired"], "EXPIRED", "{reasons:?}");
     assert_eq!(reasons["refund:raised"], "FORGED", "{reasons:?}");
+    assert_eq!(reasons["refund:recon-unsigned"], "UNSIGNED", "{reasons:?}");
+    assert_eq!(reasons["refund:recon-forged"], "FORGED", "{reasons:?}");
     for r in &dead {
         assert_eq!(r.header_str(header::SOURCE_TOPIC), Some(topic.as_str()));
         assert!(r.header_str(header::SOURCE_OFFSET).is_some());

@@ -171,6 +171,16 @@ impl Checker {
             .map(|c| c.value)
             .map_err(|e| Refused::ArgumentsAltered(e.to_string()))
     }
+
+    /// The capability check of a reconcile command: signed by a trusted key (or unsigned where
+    /// allowed). Without it, whoever can write the dispatch topic could have the worker look an
+    /// attempt up while it is still running and report the "proof" that it failed.
+    pub fn authorize_reconcile(&self, cmd: &ReconcileCommand) -> Result<(), Refused> {
+        if self.allow_unsigned && (cmd.capability.is_none() || self.keys.is_empty()) {
+            return Ok(());
+        }
+        capability::verify_reconcile_any(&self.keys, cmd)
+    }
 }
 
 #[cfg(test)]
@@ -322,6 +332,66 @@ mod tests {
         forged.epoch = 9;
         assert!(matches!(
             checker(true).authorize(&forged, NOW),
+            Err(Refused::Forged(_))
+        ));
+    }
+
+    fn reconcile(key: &str) -> ReconcileCommand {
+        let d = dispatch(key);
+        let mut cmd = ReconcileCommand {
+            command_id: format!("{key}#1/r1"),
+            operation_key: d.operation_key,
+            epoch: 1,
+            tool: d.tool,
+            connector: d.connector,
+            idempotency_key: d.idempotency_key,
+            arguments_hash: d.arguments_hash,
+            round: 1,
+            owner_partition: d.owner_partition,
+            owner_epoch: 1,
+            capability: None,
+            issued_at: NOW,
+        };
+        cmd.capability = Some(capability::sign_reconcile(
+            &SigningKey::from_bytes(&[7; 32]),
+            &cmd,
+        ));
+        cmd
+    }
+
+    #[test]
+    fn a_reconcile_command_must_be_signed_over_every_field() {
+        let cmd = reconcile("refund:txn_1");
+        assert_eq!(checker(false).authorize_reconcile(&cmd), Ok(()));
+        let mut unsigned = cmd.clone();
+        unsigned.capability = None;
+        assert_eq!(
+            checker(false).authorize_reconcile(&unsigned),
+            Err(Refused::Missing)
+        );
+        assert_eq!(checker(true).authorize_reconcile(&unsigned), Ok(()));
+        // Another round, epoch or owner epoch under the same signature is forged, where
+        // unsigned commands are allowed too.
+        for alter in [
+            (|c: &mut ReconcileCommand| c.round = 2) as fn(&mut ReconcileCommand),
+            |c| c.epoch = 2,
+            |c| c.owner_epoch = 9,
+            |c| c.idempotency_key = "x".into(),
+        ] {
+            let mut altered = cmd.clone();
+            alter(&mut altered);
+            for allow_unsigned in [false, true] {
+                assert!(matches!(
+                    checker(allow_unsigned).authorize_reconcile(&altered),
+                    Err(Refused::Forged(_))
+                ));
+            }
+        }
+        // A dispatch command's signature does not verify as a reconcile command's.
+        let mut borrowed = cmd.clone();
+        borrowed.capability = dispatch("refund:txn_1").capability;
+        assert!(matches!(
+            checker(false).authorize_reconcile(&borrowed),
             Err(Refused::Forged(_))
         ));
     }

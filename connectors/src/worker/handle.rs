@@ -131,7 +131,28 @@ impl Handler {
             }
             Command::Reconcile(cmd) => {
                 name("reconcile", &cmd.tool, &cmd.operation_key, cmd.epoch);
-                let handled = self.reconcile(&cx, source.partition, &cmd)?;
+                let handled = match self.checker.authorize_reconcile(&cmd) {
+                    // A forged reconcile command must not be able to report a proof of
+                    // failure for an attempt: it is dead-lettered, never answered.
+                    Err(refused) => {
+                        self.dead_letter(&cx, source, refused.code(), &refused.to_string())?;
+                        Handled::DeadLettered
+                    }
+                    Ok(()) if cmd.owner_epoch < record.fence => {
+                        log::warn!(
+                            "{}#{} reconcile round {}: issued by owner epoch {} behind the \
+                             fence {} of partition {}; ignored",
+                            cmd.operation_key,
+                            cmd.epoch,
+                            cmd.round,
+                            cmd.owner_epoch,
+                            record.fence,
+                            source.partition
+                        );
+                        Handled::Fenced
+                    }
+                    Ok(()) => self.reconcile(&cx, source.partition, &cmd)?,
+                };
                 commit();
                 Ok(handled)
             }

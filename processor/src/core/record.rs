@@ -282,6 +282,10 @@ pub struct ProposalSeen {
     /// Purged then: resends older than the dedup retention are decided afresh (and meet the
     /// effect record, which is retained longer).
     pub expires_at: i64,
+    /// What the proposal said (see `machine::proposal_fingerprint`): only a proposal that says
+    /// the same gets this reply again. Absent in rows written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// Per agent run, per partition: the lease fence and the dispatch budget.
@@ -426,6 +430,7 @@ mod tests {
             policy_bundle_hash: Some("ab".into()),
             decided_at: 1,
             expires_at: 2,
+            fingerprint: None,
         };
         let run = RunRecord {
             highest_fence: 3,

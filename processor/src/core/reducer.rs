@@ -263,6 +263,7 @@ mod tests {
                 policy_bundle_hash: None,
                 decided_at: 1,
                 expires_at: 9_000,
+                fingerprint: None,
             }),
         });
         writes.push(Write::Run {

@@ -1040,6 +1040,16 @@ impl PartitionTask {
             });
         }
         for r in &effects.reconciles {
+            let signed;
+            let r = match self.task.core().capability_key() {
+                Some(key) => {
+                    let mut cmd = r.clone();
+                    cmd.capability = Some(capability::sign_reconcile(key, &cmd));
+                    signed = cmd;
+                    &signed
+                }
+                None => r,
+            };
             out.push(OutRecord {
                 topic: self.names.dispatch(&r.connector),
                 partition,

@@ -293,6 +293,7 @@ pub fn reconcile_command() -> BoxedStrategy<ReconcileCommand> {
         any::<i32>(),
         any::<i32>(),
         any::<i64>(),
+        option::of(bytes()),
         any::<i64>(),
     )
         .prop_map(
@@ -307,6 +308,7 @@ pub fn reconcile_command() -> BoxedStrategy<ReconcileCommand> {
                 round,
                 owner_partition,
                 owner_epoch,
+                capability,
                 issued_at,
             )| ReconcileCommand {
                 command_id,
@@ -319,6 +321,7 @@ pub fn reconcile_command() -> BoxedStrategy<ReconcileCommand> {
                 round,
                 owner_partition,
                 owner_epoch,
+                capability,
                 issued_at,
             },
         )

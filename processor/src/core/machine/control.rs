@@ -106,7 +106,15 @@ impl Core {
                     format!("settled COMMITTED by {}: {evidence}", c.operator_id),
                 )
             }
-            ControlKind::SettleFailed if open_attempt => {
+            // FAILED says the attempt did not happen and lets a retry run: an operator may say
+            // it only once nobody can tell (UNKNOWN, or reconciliation gave up), never while
+            // the attempt may still be running.
+            ControlKind::SettleFailed
+                if matches!(
+                    rec.state,
+                    State::Unknown { .. } | State::OperatorRequired { .. }
+                ) =>
+            {
                 close_failed(&mut rec, now, &evidence);
                 (
                     Verdict::Failed,

@@ -342,6 +342,7 @@ impl Core {
             round: round as i32,
             owner_partition: 0,
             owner_epoch: 0,
+            capability: None,
             issued_at: step.now,
         });
     }
@@ -453,6 +454,27 @@ fn receipt(rec: &EffectRecord, settled_by: &str, evidence: &str) -> String {
         h.update(part);
     }
     canonical::hex_lower(&h.finalize())
+}
+
+/// What a proposal says, for telling a producer's resend (identical) from another proposal
+/// reusing its id: a digest of who proposes what, under which key. Frozen: stored in the
+/// remembered replies.
+fn proposal_fingerprint(p: &ToolProposal) -> String {
+    let mut h = Sha256::new();
+    h.update(b"airlock/proposal/v1\0");
+    for part in [
+        &p.tenant_id,
+        &p.principal_id,
+        &p.operation_key,
+        &p.tool,
+        &p.tool_version,
+        &p.run_id,
+        &p.arguments_json,
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    canonical::hex_lower(&h.finalize()[..16])
 }
 
 /// Deterministic jitter: the randomness of a retry backoff is a function of its key and epoch.

@@ -1,6 +1,7 @@
 //! Outcomes: attempt epochs (fence 2). A stale epoch changes nothing and is kept as evidence;
 //! a commit of an older epoch raises the double-effect alert; COMMITTED never regresses;
-//! UNKNOWN starts reconciliation and is never guessed FAILED.
+//! UNKNOWN starts reconciliation and is never guessed FAILED; a reconcile answer counts only
+//! for a round that was asked.
 
 use super::*;
 
@@ -27,6 +28,19 @@ impl Core {
             ));
             return step.journal(event, Vec::new());
         };
+        if o.connector != rec.connector {
+            // Only the connector the effect was dispatched to can know what became of it.
+            let mut event = self.event(JournalKind::OutcomeIgnored, step, Some(&rec));
+            event.principal_id = Some(o.worker_id.clone());
+            event.epoch = Some(o.epoch);
+            event.evidence = Some(format!(
+                "{} from connector {:?}; the effect was dispatched to {:?}: {evidence}",
+                o.kind.as_str(),
+                o.connector,
+                rec.connector
+            ));
+            return step.journal(event, Vec::new());
+        }
         let committed = matches!(
             o.kind,
             OutcomeKind::Committed | OutcomeKind::ReconciledCommitted
@@ -65,6 +79,27 @@ impl Core {
                 | OutcomeKind::ReconciledFailed
                 | OutcomeKind::ReconciledUnknown
         );
+        // A reconcile answer counts only for a round this processor asked: while the attempt
+        // is still running no round was asked, and a "proof" that it failed would let a second
+        // epoch run beside it.
+        let asked = match rec.state {
+            State::Unknown { rounds, .. } | State::OperatorRequired { rounds, .. } => o
+                .reconcile_round
+                .is_some_and(|r| r >= 1 && u32::try_from(r).is_ok_and(|r| r <= rounds)),
+            _ => false,
+        };
+        if reconciled && !asked {
+            let mut event = self.event(JournalKind::OutcomeIgnored, step, Some(&rec));
+            event.principal_id = Some(o.worker_id.clone());
+            event.evidence = Some(format!(
+                "{} for reconcile round {} while {}: no such round was asked: {evidence}",
+                o.kind.as_str(),
+                o.reconcile_round
+                    .map_or_else(|| "none".to_owned(), |r| r.to_string()),
+                rec.effect_state().as_str()
+            ));
+            return step.journal(event, Vec::new());
+        }
         let (kind, reply): (JournalKind, Option<Reply>) = match o.kind {
             OutcomeKind::AttemptStarted => match rec.state {
                 State::Dispatched {

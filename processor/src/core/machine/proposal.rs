@@ -11,6 +11,10 @@ impl Core {
         step: &mut Step,
     ) -> Result<()> {
         if let Some(seen) = view.proposal(&p.proposal_id)? {
+            let fingerprint = proposal_fingerprint(p);
+            if seen.fingerprint.as_ref().is_some_and(|f| *f != fingerprint) {
+                return self.refuse_reused_id(p, &fingerprint, step);
+            }
             // A producer-side resend: the same reply again, nothing else.
             step.out.decisions.push(Decision {
                 decision_id: seen.decision_id.clone(),
@@ -35,6 +39,40 @@ impl Core {
             Evaluation::Refused(refusal) => self.refuse_proposal(p, refusal, step),
             Evaluation::Admitted(admitted) => self.admit_proposal(view, p, *admitted, step),
         }
+    }
+
+    /// Another proposal under an id already answered (a reused or guessed id, perhaps another
+    /// tenant's): refused, naming nothing of the first proposal or its reply, and not
+    /// remembered (the id stays the first proposal's).
+    fn refuse_reused_id(&self, p: &ToolProposal, fingerprint: &str, step: &mut Step) -> Result<()> {
+        let detail = format!(
+            "proposal id {} was already used by another proposal; give each proposal its own id",
+            p.proposal_id
+        );
+        let mut event = self.event(JournalKind::ProposalDecided, step, None);
+        fill_from_proposal(&mut event, p);
+        event.verdict = Some(Verdict::Conflict);
+        event.reason = Some(Reason::HashConflict);
+        event.evidence = Some(detail.clone());
+        step.journal(event, Vec::new())?;
+        step.out.decisions.push(Decision {
+            decision_id: format!("p/{}/reused/{fingerprint}", p.proposal_id),
+            in_reply_to: p.proposal_id.clone(),
+            operation_key: p.operation_key.clone(),
+            run_id: Some(p.run_id.clone()),
+            verdict: Verdict::Conflict,
+            reason: Reason::HashConflict,
+            detail,
+            arguments_hash: None,
+            policy_bundle_hash: None,
+            epoch: None,
+            state: None,
+            receipt: None,
+            owner_partition: 0,
+            owner_epoch: 0,
+            decided_at: step.now,
+        });
+        Ok(())
     }
 
     /// The part of a proposal's decision that needs no state (DESIGN.md section 4, steps 1 to
@@ -413,6 +451,7 @@ impl Core {
             expires_at: step
                 .now
                 .saturating_add_unsigned(self.config.proposal_dedup_retention_ms),
+            fingerprint: Some(proposal_fingerprint(p)),
         };
         let mut event = self.event(JournalKind::ProposalDecided, step, None);
         fill_from_proposal(&mut event, p);
@@ -548,6 +587,7 @@ impl Core {
             policy_bundle_hash: Some(bundle.clone()),
             decided_at: now,
             expires_at: now.saturating_add_unsigned(self.config.proposal_dedup_retention_ms),
+            fingerprint: Some(proposal_fingerprint(p)),
         };
         let mut event = self.event(kind, step, Some(&rec));
         fill_from_proposal(&mut event, p);
