@@ -47,6 +47,33 @@ pub const VERSION: u8 = 1;
 /// Length of a version-1 capability: version byte and signature.
 pub const CAPABILITY_LEN: usize = 1 + ed25519_dalek::SIGNATURE_LENGTH;
 
+/// The public half of the demo key pair `deploy/config/demo-capability.{key,pub}`. Its secret
+/// is published with the source, so a command it signs proves nothing: `airlock run` refuses to
+/// sign with it and a connector worker to trust it, unless [`ALLOW_DEMO_KEY_ENV`] is `1`.
+pub const DEMO_VERIFYING_KEY: &str =
+    "6e8a4c8fb3d2245056423ee983167904e0ae3a554f1911217f5cf64e231cc3e6";
+
+/// The variable that allows the demo key pair (`airlock demo` sets it for its children).
+pub const ALLOW_DEMO_KEY_ENV: &str = "AIRLOCK_ALLOW_DEMO_KEY";
+
+/// Whether `key` is the demo key pair's public key.
+pub fn is_demo_key(key: &VerifyingKey) -> bool {
+    hex::encode(key.to_bytes()) == DEMO_VERIFYING_KEY
+}
+
+/// Refuses the demo key pair unless [`ALLOW_DEMO_KEY_ENV`] is `1`; `role` says how the key is
+/// used ("the capability signing key", "a trusted verifying key").
+pub fn refuse_demo_key(key: &VerifyingKey, role: &str) -> Result<(), String> {
+    if !is_demo_key(key) || std::env::var(ALLOW_DEMO_KEY_ENV).is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    Err(format!(
+        "{role} is the public demo key (deploy/config/demo-capability): anyone can sign with \
+         it. Generate your own pair with `airlock keygen --out <prefix>`, or set \
+         {ALLOW_DEMO_KEY_ENV}=1 to run a demo"
+    ))
+}
+
 /// Errors of loading or writing keys; each names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -467,6 +494,22 @@ mod tests {
         ));
         cmd.capability = None;
         assert_eq!(verify_reconcile_any(&trusted, &cmd), Err(Refused::Missing));
+    }
+
+    #[test]
+    fn the_demo_key_is_the_one_in_deploy_config() {
+        let public = include_str!("../../deploy/config/demo-capability.pub").trim();
+        assert_eq!(public, DEMO_VERIFYING_KEY);
+        let secret = include_str!("../../deploy/config/demo-capability.key").trim();
+        let seed: [u8; 32] = hex::decode(secret).unwrap().try_into().unwrap();
+        let demo = SigningKey::from_bytes(&seed).verifying_key();
+        assert!(is_demo_key(&demo));
+        assert!(!is_demo_key(&key(7).verifying_key()));
+        assert_eq!(refuse_demo_key(&key(7).verifying_key(), "k"), Ok(()));
+        if std::env::var(ALLOW_DEMO_KEY_ENV).is_err() {
+            let refused = refuse_demo_key(&demo, "the signing key").unwrap_err();
+            assert!(refused.contains("public demo key"), "{refused}");
+        }
     }
 
     #[test]

@@ -670,10 +670,13 @@ fn approval_flow_binds_hash_and_needs_an_entitled_other_person() -> Vec<Decision
         ApprovalVerdict::Approve,
         w.now,
     );
-    assert_verdict(
-        &w.feed(Input::Approval(a.clone())),
-        Verdict::Rejected,
-        Reason::ApprovalHashMismatch,
+    let e = w.feed(Input::Approval(a.clone()));
+    assert_verdict(&e, Verdict::Rejected, Reason::ApprovalHashMismatch);
+    // The refusal tells the sender nothing of the intent's arguments.
+    assert!(
+        !decision(&e).detail.contains(&hash),
+        "{}",
+        decision(&e).detail
     );
     a.approval_id = "a-2".into();
     a.arguments_hash = hash.clone();
@@ -801,6 +804,30 @@ fn rejected_or_unanswered_approval_dispatches_nothing() -> Vec<Decision> {
     let e = w.advance_to(w.now + HOUR_MS);
     assert_verdict(&e, Verdict::Expired, Reason::ApprovalTimedOut);
     assert!(e.dispatches.is_empty());
+    // An approval recorded after the window closed, read before the expiry timer fired (a
+    // lagging or restarted instance): refused by its own time, nothing dispatched.
+    let p_late = ToolProposal {
+        deadline_at: w.now + 3 * HOUR_MS,
+        ..sample::refund("refund:late", 60_000, w.now)
+    };
+    let hash = hash_of(&w.propose(&p_late));
+    w.now += HOUR_MS + 1;
+    let e = w.feed(Input::Approval(sample::approval(
+        &p_late,
+        &hash,
+        "alice",
+        ApprovalVerdict::Approve,
+        w.now,
+    )));
+    assert_verdict(&e, Verdict::Rejected, Reason::ApprovalExpired);
+    assert!(e.dispatches.is_empty());
+    assert!(matches!(
+        w.record("refund:late").state,
+        State::AwaitingApproval { .. }
+    ));
+    // Its expiry timer, when it fires, expires it.
+    let e = w.advance_to(w.now);
+    assert_verdict(&e, Verdict::Expired, Reason::ApprovalTimedOut);
     // The intent deadline comes first: EXPIRED with DEADLINE_EXPIRED.
     let p3 = ToolProposal {
         deadline_at: w.now + 60_000,

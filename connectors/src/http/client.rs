@@ -75,31 +75,56 @@ pub struct Target {
     pub path_and_query: String,
 }
 
-/// Parses and checks an absolute `http://` URL.
+/// `url` as errors may show it: scheme and host only (no user info, path or query), and how
+/// many bytes were left out.
+fn shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return format!("a {}-byte text (not shown)", url.len());
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    // A subsequence of `url`, so never longer.
+    let kept = format!("{scheme}://{host}");
+    if kept.len() == url.len() {
+        format!("{url:?}")
+    } else {
+        format!(
+            "{kept:?} (and {} more bytes, not shown)",
+            url.len() - kept.len()
+        )
+    }
+}
+
+/// Parses and checks an absolute `http://` URL. Its errors show only the scheme and the host:
+/// a rendered URL may carry a secret (`{env:...}` in its path or query, or user info), and the
+/// error becomes an outcome's evidence and a log line.
 pub fn target(url: &str) -> Result<Target, String> {
+    let shown = shown(url);
     let uri: Uri = url
         .parse()
-        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        .map_err(|e| format!("{shown} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
             return Err(format!(
-                "{url:?}: https is not built in; terminate TLS in an egress proxy or sidecar and \
+                "{shown}: https is not built in; terminate TLS in an egress proxy or sidecar and \
                  point the connector at it over http"
             ));
         }
-        _ => return Err(format!("{url:?} is not an absolute http:// URL")),
+        _ => return Err(format!("{shown} is not an absolute http:// URL")),
     }
     let authority = uri
         .authority()
-        .ok_or_else(|| format!("{url:?} has no host"))?;
+        .ok_or_else(|| format!("{shown} has no host"))?;
     let host = authority
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_owned();
     if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
+        return Err(format!("{shown} has no host"));
     }
     Ok(Target {
         host,
@@ -348,5 +373,21 @@ mod tests {
         assert_eq!(target("http://ledger/").unwrap().port, 80);
         assert!(target("https://ledger/").unwrap_err().contains("https"));
         assert!(target("/v1/debits").is_err());
+        // A secret in the user info, path or query never shows in an error.
+        for url in [
+            "https://ops:s3cret@ledger/v1/refunds",
+            "https://ledger/hooks/s3cret",
+            "ftp://ledger/v1?token=s3cret",
+            "http://ops:s3cret@/v1",
+            "s3cret",
+        ] {
+            let e = target(url).unwrap_err();
+            assert!(!e.contains("s3cret"), "{url}: {e}");
+        }
+        assert!(
+            target("https://ledger/hooks/s3cret")
+                .unwrap_err()
+                .contains("\"https://ledger\"")
+        );
     }
 }

@@ -295,7 +295,16 @@ impl Config {
         self.capability
             .verifying_key_files
             .iter()
-            .map(|p| capability::load_verifying_key(p).map_err(Error::from))
+            .map(|p| {
+                let key = capability::load_verifying_key(p)?;
+                capability::refuse_demo_key(&key, &p.display().to_string()).map_err(|message| {
+                    Error::Invalid {
+                        field: "capability.verifying_key_files",
+                        message,
+                    }
+                })?;
+                Ok(key)
+            })
             .collect()
     }
 
@@ -382,5 +391,18 @@ mod tests {
         config.validate().unwrap();
         config.http.base_url = "https://ledger".to_owned();
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn the_public_demo_key_is_not_trusted_outside_a_demo() {
+        if std::env::var(capability::ALLOW_DEMO_KEY_ENV).is_ok() {
+            return; // run inside a demo: the key is allowed there
+        }
+        let mut config = example();
+        config.capability.verifying_key_files = vec![
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/demo-capability.pub"),
+        ];
+        let err = config.verifying_keys().unwrap_err().to_string();
+        assert!(err.contains("public demo key"), "{err}");
     }
 }

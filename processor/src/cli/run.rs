@@ -65,6 +65,8 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
     }
     let key =
         capability::load_signing_key(key_file).context("loading the capability signing key")?;
+    capability::refuse_demo_key(&key.verifying_key(), "capability.signing_key_file")
+        .map_err(anyhow::Error::msg)?;
     log::info!(
         "dispatch commands are signed; verifying key {}",
         hex::encode(key.verifying_key().to_bytes())

@@ -16,6 +16,7 @@ use anyhow::Context;
 
 use super::ledger::Ledger;
 use super::process::{Proc, STOP_GRACE};
+use crate::capability;
 use crate::runtime::config::Config;
 
 /// The binaries the demo starts.
@@ -86,7 +87,8 @@ impl Stack {
         }
         command
             .env("AIRLOCK_STATE_DIR", self.work.join("processor-state"))
-            .env("AIRLOCK_LOG", &self.log_level);
+            .env("AIRLOCK_LOG", &self.log_level)
+            .env(capability::ALLOW_DEMO_KEY_ENV, "1");
         if std::env::var_os("AIRLOCK_INSTANCE").is_none() {
             command.env("AIRLOCK_INSTANCE", "demo-processor");
         }
@@ -144,6 +146,7 @@ impl Stack {
                 "AIRLOCK_TOPICS_PARTITIONS",
                 self.config.topics.partitions.to_string(),
             )
+            .env(capability::ALLOW_DEMO_KEY_ENV, "1")
             .env("AIRLOCK_CONNECTOR_NAME", &self.connector)
             .env("AIRLOCK_CONNECTOR_BASE_URL", ledger)
             .env("AIRLOCK_CONNECTOR_WORKER_ID", id)

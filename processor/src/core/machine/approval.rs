@@ -26,9 +26,10 @@ impl Core {
                 "this approval was already counted".to_owned(),
             )),
             Some(rec) => match &rec.state {
-                State::AwaitingApproval { approvals, .. } => {
-                    self.check_approval(rec, approvals, a, now)
-                }
+                State::AwaitingApproval {
+                    approvals,
+                    expires_at,
+                } => self.check_approval(rec, approvals, *expires_at, a, now),
                 _ => Err(refusal(
                     Verdict::Rejected,
                     Reason::NoPendingApproval,
@@ -78,16 +79,28 @@ impl Core {
         &self,
         rec: &EffectRecord,
         approvals: &[(String, String)],
+        window_closes_at: i64,
         a: &Approval,
         now: i64,
     ) -> std::result::Result<(), Reply> {
+        // The window is checked at the approval's own time, not only by the expiry timer: an
+        // approval read late (lag, a restart) is judged by when it was recorded.
+        if window_closes_at <= now {
+            return Err((
+                Verdict::Rejected,
+                Reason::ApprovalExpired,
+                format!("the intent's approval window closed at {window_closes_at} (now {now})"),
+            ));
+        }
         if a.arguments_hash != rec.arguments_hash {
+            // Names only the approval's own hash: the intent's arguments are not the sender's
+            // to learn.
             return Err((
                 Verdict::Rejected,
                 Reason::ApprovalHashMismatch,
                 format!(
-                    "the approval is for arguments {}, the intent's are {}",
-                    a.arguments_hash, rec.arguments_hash
+                    "the approval is for arguments {}, which are not the intent's",
+                    a.arguments_hash
                 ),
             ));
         }
