@@ -501,6 +501,19 @@ fn no_proof_of_failure_while_the_attempt_may_run() -> Vec<Decision> {
         w.record("refund:running").effect_state(),
         EffectState::Failed
     );
+    // A later round's lookup finds the refund after all: what happened wins over the failure,
+    // before any retry could run.
+    let e = w.reconciled(
+        "refund:running",
+        1,
+        OutcomeKind::ReconciledCommitted,
+        Some(1),
+    );
+    assert_verdict(&e, Verdict::Committed, Reason::Reconciled);
+    assert_eq!(
+        w.record("refund:running").effect_state(),
+        EffectState::Committed
+    );
     w.seen
 }
 
@@ -536,6 +549,48 @@ fn a_reused_proposal_id_gets_no_one_elses_reply() -> Vec<Decision> {
     w.seen
 }
 
+fn another_tenant_under_a_key_learns_nothing_and_changes_nothing() -> Vec<Decision> {
+    let mut w = World::new();
+    let p = sample::refund("refund:k-1", 700, w.now);
+    assert_verdict(&w.propose(&p), Verdict::Accepted, Reason::AutoApproved);
+    let bound = w.record("refund:k-1");
+    // globex's agent proposes its own refund under acme's key.
+    let squat = ToolProposal {
+        proposal_id: "globex-1".into(),
+        tenant_id: "globex".into(),
+        principal_id: "agent-globex-1".into(),
+        arguments_json: sample::money_arguments("globex", "acct-7", 700, "EUR"),
+        ..p.clone()
+    };
+    let e = w.propose(&squat);
+    assert_verdict(&e, Verdict::Conflict, Reason::HashConflict);
+    let d = decision(&e);
+    assert!(
+        d.receipt.is_none() && d.state.is_none() && d.epoch.is_none(),
+        "{d:?}"
+    );
+    assert!(
+        !d.detail.contains(&bound.arguments_hash) && !d.detail.contains("acme"),
+        "{}",
+        d.detail
+    );
+    assert!(e.dispatches.is_empty());
+    assert_eq!(w.record("refund:k-1"), bound);
+    // An outcome for a key nobody proposed: journaled as evidence, nothing else.
+    let e = w.feed(Input::Outcome(sample::outcome(
+        "refund:nobody",
+        1,
+        OutcomeKind::Committed,
+        "made up",
+    )));
+    assert!(e.decisions.is_empty() && e.writes.is_empty() && e.dispatches.is_empty());
+    assert_eq!(e.journal[0].kind, JournalKind::OutcomeIgnored);
+    // A lease fence without its run: refused as malformed.
+    let e = w.control("fence-x", ControlKind::LeaseFence, None);
+    assert_verdict(&e, Verdict::Rejected, Reason::Malformed);
+    w.seen
+}
+
 fn non_idempotent_tool_is_never_retried() -> Vec<Decision> {
     let mut w = World::new();
     let p = ToolProposal {
@@ -557,13 +612,17 @@ fn non_idempotent_tool_is_never_retried() -> Vec<Decision> {
         operation_key: "email:2".into(),
         ..p
     };
-    w.propose(&p2);
+    let cmd = w.propose(&p2).dispatches[0].clone();
     let e = w.outcome("email:2", 1, OutcomeKind::Unknown);
     assert!(e.reconciles.is_empty());
     assert_eq!(
         w.record("email:2").effect_state(),
         EffectState::OperatorRequired
     );
+    // Until its command expires the email may still go out: FAILED would be a guess.
+    let e = w.control("settle-early", ControlKind::SettleFailed, Some("email:2"));
+    assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
+    w.now = cmd.attempt_deadline_at;
     let e = w.control("settle-email", ControlKind::SettleFailed, Some("email:2"));
     assert_eq!(e.decisions[0].verdict, Verdict::Failed);
     w.seen
@@ -975,6 +1034,7 @@ mod run {
         no_requester_of_a_retried_intent_approves_it,
         no_proof_of_failure_while_the_attempt_may_run,
         a_reused_proposal_id_gets_no_one_elses_reply,
+        another_tenant_under_a_key_learns_nothing_and_changes_nothing,
         non_idempotent_tool_is_never_retried,
         validation_refusals_in_order,
         resource_must_be_bound,

@@ -184,6 +184,7 @@ fn timers_follow_their_records(f: &mut impl Fixture) {
         State::OperatorRequired {
             since: 0,
             rounds: 3,
+            may_land_until: 0,
         },
     )])
     .unwrap();

@@ -18,7 +18,7 @@ use airlock_processor::runtime::telemetry::Telemetry;
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, OutRecord, header};
 use airlock_processor::telemetry::server::Server;
-use airlock_schemas::{Codec, Decision};
+use airlock_schemas::{Codec, Decision, DispatchCommand};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -447,6 +447,36 @@ impl Airlock {
         }
         out.sort_by_key(|r| (r.partition, r.offset));
         Ok(out)
+    }
+
+    /// Every dispatch command on the ledger's dispatch topic that a worker would accept (not
+    /// fenced), one per (operation key, attempt epoch). Copies of one attempt are expected (a
+    /// resent outbox, an instance deciding its inputs again) but must be identical in every
+    /// field, the capability included: two different commands for one attempt fail here,
+    /// whatever their record ids.
+    pub fn dispatches(&self) -> anyhow::Result<Vec<DispatchCommand>> {
+        let codec = Codec::new();
+        let mut by_attempt: std::collections::BTreeMap<(String, i64), DispatchCommand> =
+            std::collections::BTreeMap::new();
+        for r in self.read_topic(&self.names.dispatch("ledger"))? {
+            if r.admit != Admit::Accept || r.header(header::KIND) != Some(b"dispatch".as_slice()) {
+                continue;
+            }
+            let cmd: DispatchCommand = codec.decode_as(r.value.as_deref().unwrap_or_default())?;
+            match by_attempt.entry((cmd.operation_key.clone(), cmd.epoch)) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(cmd);
+                }
+                std::collections::btree_map::Entry::Occupied(o) => anyhow::ensure!(
+                    *o.get() == cmd,
+                    "two different dispatch commands for {}#{}:\n{:?}\n{cmd:?}",
+                    cmd.operation_key,
+                    cmd.epoch,
+                    o.get()
+                ),
+            }
+        }
+        Ok(by_attempt.into_values().collect())
     }
 
     /// The accepted (not fenced, not marker) records of `topic` whose `airlock-kind` is `kind`,

@@ -129,9 +129,9 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
         "{out}"
     );
     assert!(out.contains("RECORDED APPROVAL_RECORDED"), "{out}");
-    // Distinct commands (an outbox resend repeats a command id; it is one command).
+    // Distinct attempts (an outbox resend repeats a command; its copies must be identical).
     let dispatches: Vec<DispatchCommand> = a
-        .read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?
+        .dispatches()?
         .into_iter()
         .filter(|c| c.operation_key == key)
         .collect();

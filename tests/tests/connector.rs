@@ -155,8 +155,7 @@ async fn a_lost_response_is_unknown_then_reconciled_to_one_committed_effect() ->
     assert_eq!(reconciled.reconcile_round, Some(1));
     assert!(reconciled.provider_reference.is_some(), "{reconciled:?}");
     assert_eq!(ledger.effects_for(key).await?, 1, "{:?}", kinds(&outcomes));
-    let dispatches =
-        a.read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?;
+    let dispatches = a.dispatches()?;
     assert_eq!(
         dispatches.iter().filter(|d| d.operation_key == key).count(),
         1
@@ -197,7 +196,7 @@ async fn a_proven_refusal_is_retried_as_a_new_epoch_and_commits_once() -> anyhow
         assert!(outcomes.contains(&expected), "{expected:?} in {outcomes:?}");
     }
     let attempts: Vec<i64> = a
-        .read_deduplicated::<DispatchCommand>(&a.names.dispatch("ledger"), "dispatch")?
+        .dispatches()?
         .into_iter()
         .filter(|d| d.operation_key == key)
         .map(|d| d.epoch)

@@ -76,24 +76,29 @@ pub struct Target {
 }
 
 /// `url` as errors may show it: scheme and host only (no user info, path or query), and how
-/// many bytes were left out.
+/// many bytes were left out. A URL that does not parse shows its scheme alone: where its host
+/// ends cannot be told (a password may hold a `/`).
 fn shown(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return format!("a {}-byte text (not shown)", url.len());
+    let kept = match url.parse::<Uri>() {
+        Ok(uri) => match (uri.scheme_str(), uri.host()) {
+            (Some(scheme), Some(host)) => match uri.port_u16() {
+                Some(port) => format!("{scheme}://{host}:{port}"),
+                None => format!("{scheme}://{host}"),
+            },
+            (Some(scheme), None) => format!("{scheme}://"),
+            _ => String::new(),
+        },
+        Err(_) => url
+            .split_once("://")
+            .map(|(scheme, _)| format!("{scheme}://"))
+            .unwrap_or_default(),
     };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    // A subsequence of `url`, so never longer.
-    let kept = format!("{scheme}://{host}");
-    if kept.len() == url.len() {
+    if kept.is_empty() {
+        format!("a {}-byte text (not shown)", url.len())
+    } else if kept.len() == url.len() || format!("{kept}/") == url {
         format!("{url:?}")
     } else {
-        format!(
-            "{kept:?} (and {} more bytes, not shown)",
-            url.len() - kept.len()
-        )
+        format!("{kept:?} (and more, not shown)")
     }
 }
 
@@ -384,6 +389,9 @@ mod tests {
             let e = target(url).unwrap_err();
             assert!(!e.contains("s3cret"), "{url}: {e}");
         }
+        // A password holding a `/` (where the authority ends cannot be told by text).
+        let e = shown("http://ops:ab/s3cret@ledger/x");
+        assert!(!e.contains("s3cret"), "{e}");
         assert!(
             target("https://ledger/hooks/s3cret")
                 .unwrap_err()

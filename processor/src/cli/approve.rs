@@ -46,7 +46,15 @@ pub struct Args {
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = args.common.load()?;
-    let approval = approval(args, ask::now_ms()?)?;
+    // The round of approvals this one is for: after a failed attempt the intent asks again,
+    // and the approver's new approval must not look like a repeat of the first.
+    let round = ask::latest_pending_approval(
+        &config,
+        "approve",
+        &args.operation_key,
+        args.common.timeout(),
+    )?;
+    let approval = approval(args, round.as_deref(), ask::now_ms()?)?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
         topic: names.approvals(),
@@ -78,9 +86,10 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The approval record; its id is derived from what the approver decided (not from the time),
-/// so the same command run again is the same approval.
-fn approval(args: &Args, now: i64) -> anyhow::Result<Approval> {
+/// The approval record; its id is derived from what the approver decided and the round of
+/// approvals it answers (`round`: the decision id that asked for it), not from the time, so
+/// the same command run again in one round is the same approval.
+fn approval(args: &Args, round: Option<&str>, now: i64) -> anyhow::Result<Approval> {
     let hash = &args.arguments_hash;
     anyhow::ensure!(
         hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
@@ -102,6 +111,7 @@ fn approval(args: &Args, now: i64) -> anyhow::Result<Approval> {
                 &args.approver,
                 &args.tenant,
                 verdict.as_str(),
+                round.unwrap_or(""),
             ],
         ),
         operation_key: args.operation_key.clone(),
@@ -143,21 +153,25 @@ mod tests {
 
     #[test]
     fn the_same_decision_is_the_same_approval_and_a_reject_is_another() {
-        let a = approval(&parse(&[]), 1_000).unwrap();
-        let again = approval(&parse(&["--comment", "looked twice"]), 9_000).unwrap();
+        let round = Some("p/prop-1");
+        let a = approval(&parse(&[]), round, 1_000).unwrap();
+        let again = approval(&parse(&["--comment", "looked twice"]), round, 9_000).unwrap();
         assert_eq!(a.approval_id, again.approval_id);
         assert_eq!(a.verdict, ApprovalVerdict::Approve);
         assert_eq!(a.expires_at, 1_000 + 3_600_000);
-        let reject = approval(&parse(&["--reject"]), 1_000).unwrap();
+        let reject = approval(&parse(&["--reject"]), round, 1_000).unwrap();
         assert_eq!(reject.verdict, ApprovalVerdict::Reject);
         assert_ne!(a.approval_id, reject.approval_id);
+        // The retry of a failed attempt asks again: approving it is another approval.
+        let retry = approval(&parse(&[]), Some("p/prop-2"), 1_000).unwrap();
+        assert_ne!(a.approval_id, retry.approval_id);
     }
 
     #[test]
     fn an_arguments_hash_that_is_not_a_sha256_is_refused_before_anything_is_sent() {
         let mut args = parse(&[]);
         args.arguments_hash = "95FB46".to_owned();
-        let err = approval(&args, 0).unwrap_err().to_string();
+        let err = approval(&args, None, 0).unwrap_err().to_string();
         assert!(err.contains("64 lowercase hex"), "{err}");
     }
 }

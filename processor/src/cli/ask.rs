@@ -109,35 +109,13 @@ pub fn publish_and_await(
     timeout: Duration,
     published: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<Answer> {
-    let names = Names::new(&config.topics.prefix);
-    let partition = partition_for(request.operation_key.as_bytes(), config.topics.partitions);
-    let decisions = names.decisions();
     let deadline = Instant::now() + timeout;
-    let reader: BaseConsumer = config
-        .client_config()
-        .set("group.id", format!("{}{role}", config.topics.prefix))
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&decisions, partition, Offset::Beginning)?;
-    reader.assign(&tpl)?;
-    let producer =
-        Producer::new(&config.client_config(), 0).context("creating the Kafka producer")?;
-    let mark = producer
-        .send_phased(&[OutRecord::barrier(&decisions, partition)])
-        .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
-        .offset_of(&decisions, partition)
-        .expect("the barrier was acknowledged");
-
-    let mut replies = Replies {
-        reader: &reader,
-        decisions: &decisions,
-        partition,
-        reply_to: request.reply_to,
-        codec: Codec::new(),
-        fence: FenceFilter::default(),
-        at: 0,
-    };
+    let answers = Answers::open(config, role, request.operation_key)?;
+    let wants = |d: &Decision| d.in_reply_to == request.reply_to;
+    let mut replies = answers.replies(request.reply_to, &wants);
+    let mark = answers.mark;
+    let partition = answers.partition;
+    let producer = &answers.producer;
     let mut earlier = None;
     while replies.at <= mark {
         if let Some((offset, d)) = replies.next(deadline, timeout)?
@@ -177,12 +155,102 @@ pub fn publish_and_await(
     }
 }
 
-/// Reads one answer partition in order, fence-filtered.
+/// The decisions partition of one operation key, opened for reading from its start, and where
+/// it ended when opened (the offset of a barrier record produced then).
+struct Answers {
+    reader: BaseConsumer,
+    producer: Producer,
+    decisions: String,
+    partition: i32,
+    mark: i64,
+}
+
+impl Answers {
+    fn open(config: &Config, role: &str, operation_key: &str) -> anyhow::Result<Answers> {
+        let names = Names::new(&config.topics.prefix);
+        let partition = partition_for(operation_key.as_bytes(), config.topics.partitions);
+        let decisions = names.decisions();
+        let reader: BaseConsumer = config
+            .client_config()
+            .set("group.id", format!("{}{role}", config.topics.prefix))
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&decisions, partition, Offset::Beginning)?;
+        reader.assign(&tpl)?;
+        let producer =
+            Producer::new(&config.client_config(), 0).context("creating the Kafka producer")?;
+        let mark = producer
+            .send_phased(&[OutRecord::barrier(&decisions, partition)])
+            .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
+            .offset_of(&decisions, partition)
+            .expect("the barrier was acknowledged");
+        Ok(Answers {
+            reader,
+            producer,
+            decisions,
+            partition,
+            mark,
+        })
+    }
+
+    /// A reader of the decisions `wants` accepts, from the partition's start; `what` names
+    /// them in errors.
+    fn replies<'a>(&'a self, what: &'a str, wants: &'a dyn Fn(&Decision) -> bool) -> Replies<'a> {
+        Replies {
+            reader: &self.reader,
+            decisions: &self.decisions,
+            partition: self.partition,
+            what,
+            wants,
+            codec: Codec::new(),
+            fence: FenceFilter::default(),
+            at: 0,
+        }
+    }
+}
+
+/// The decision id of the latest PENDING_APPROVAL / APPROVAL_REQUIRED answer about
+/// `operation_key` from its owner:
+/// what names the round of approvals an approval is for, so that approving a retry (after the
+/// first attempt failed with proof) is a new approval, not a repeat of the first one. `None`
+/// when the key has no such answer.
+pub fn latest_pending_approval(
+    config: &Config,
+    role: &str,
+    operation_key: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<String>> {
+    let deadline = Instant::now() + timeout;
+    let answers = Answers::open(config, role, operation_key)?;
+    // APPROVAL_REQUIRED opens a round; a proposal resent while it is open is answered
+    // AWAITING_APPROVAL and opens none.
+    let wants = |d: &Decision| {
+        d.operation_key == operation_key
+            && d.verdict == airlock_schemas::Verdict::PendingApproval
+            && d.reason == airlock_schemas::Reason::ApprovalRequired
+    };
+    let what = format!("the pending approvals of {operation_key}");
+    let mut replies = answers.replies(&what, &wants);
+    let mut latest = None;
+    while replies.at <= answers.mark {
+        if let Some((offset, d)) = replies.next(deadline, timeout)?
+            && offset < answers.mark
+        {
+            latest = Some(d.decision_id);
+        }
+    }
+    Ok(latest)
+}
+
+/// Reads one answer partition in order, fence-filtered, keeping the decisions it wants.
 struct Replies<'a> {
     reader: &'a BaseConsumer,
     decisions: &'a str,
     partition: i32,
-    reply_to: &'a str,
+    /// What is awaited, for the error when it does not come.
+    what: &'a str,
+    wants: &'a dyn Fn(&Decision) -> bool,
     codec: Codec,
     fence: FenceFilter,
     /// The next offset to read.
@@ -200,7 +268,7 @@ impl Replies<'_> {
             Instant::now() < deadline,
             "no answer to {} on {} partition {} within {}s (is `airlock run` up?); running the \
              same command again is safe",
-            self.reply_to,
+            self.what,
             self.decisions,
             self.partition,
             timeout.as_secs()
@@ -224,7 +292,7 @@ impl Replies<'_> {
         let Some(Ok(d)) = m.payload().map(|p| self.codec.decode_as::<Decision>(p)) else {
             return Ok(None);
         };
-        Ok((d.in_reply_to == self.reply_to).then_some((m.offset(), d)))
+        Ok((self.wants)(&d).then_some((m.offset(), d)))
     }
 }
 

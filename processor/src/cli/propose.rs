@@ -64,7 +64,9 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &proposal.operation_key,
         payload: Codec::new().encode_single_object(&proposal)?,
         reply_to: &proposal.proposal_id,
-        done: |_| true,
+        // Any answer about this proposal, but not a refusal of another proposal that reused
+        // its id (`r/...`).
+        done: |d| !d.decision_id.starts_with("r/"),
     };
     let answer =
         ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {

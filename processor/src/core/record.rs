@@ -95,7 +95,15 @@ pub enum State {
         next_reconcile_at: i64,
     },
     /// The reconciliation budget is spent (or the tool is not reconcilable): an operator settles.
-    OperatorRequired { since: i64, rounds: u32 },
+    OperatorRequired {
+        since: i64,
+        rounds: u32,
+        /// Until then the call may still take effect (its command's expiry), so it cannot be
+        /// settled FAILED yet. Absent (0) when reconciliation ran, and in rows written before
+        /// it existed.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        may_land_until: i64,
+    },
     /// Proof that the latest attempt did not happen. `retry_at` is set while the retry policy
     /// still allows another epoch; without it the failure is final.
     Failed {
@@ -409,6 +417,10 @@ impl Write {
             _ => None,
         }
     }
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

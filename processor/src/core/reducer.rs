@@ -200,6 +200,7 @@ mod tests {
             State::OperatorRequired {
                 since: 1,
                 rounds: 5,
+                may_land_until: 0,
             },
             State::Failed {
                 evidence: "declined".into(),

@@ -1381,6 +1381,114 @@ mod tests {
 
     const LIMIT: usize = 64 * 1_024 - crate::runtime::config::RECORD_RESERVE_BYTES;
 
+    /// Each input kind's bad records, as an outsider can write them to the input topics: each
+    /// is dead-lettered with its reason and the partition decides on.
+    #[test]
+    fn bad_records_of_every_input_kind_are_dead_lettered_with_their_reason() {
+        let (_dir, mut task, names) = task(LIMIT);
+        let codec = Codec::new();
+        let mut outcome =
+            sample::outcome("refund:o", 1, airlock_schemas::OutcomeKind::Committed, "x");
+        outcome.worker_id = "w".repeat(20_000);
+        let mut control = sample::control(
+            "c-1",
+            airlock_schemas::ControlKind::Cancel,
+            Some("refund:c"),
+            NOW,
+        );
+        control.operator_id = "o".repeat(20_000);
+        let approval_on_proposals = codec
+            .encode_single_object(&sample::approval(
+                &sample::refund("refund:d", 100, NOW),
+                "00",
+                "alice",
+                airlock_schemas::ApprovalVerdict::Approve,
+                NOW,
+            ))
+            .unwrap();
+        // (input, topic, key, value, the dead-letter reason expected)
+        type Case<'a> = (Source, String, &'a [u8], Option<Vec<u8>>, &'a str);
+        let cases: [Case<'_>; 4] = [
+            (
+                Source::Outcomes,
+                names.outcomes(),
+                b"refund:o",
+                Some(codec.encode_single_object(&outcome).unwrap()),
+                "OVERSIZED",
+            ),
+            (
+                Source::Control,
+                names.control(),
+                b"refund:c",
+                Some(codec.encode_single_object(&control).unwrap()),
+                "OVERSIZED",
+            ),
+            // A tombstone: no value at all.
+            (
+                Source::Proposals,
+                names.proposals(),
+                b"refund:t",
+                None,
+                "MALFORMED",
+            ),
+            // A record of another kind than the topic's.
+            (
+                Source::Proposals,
+                names.proposals(),
+                b"refund:d",
+                Some(approval_on_proposals),
+                "UNKNOWN_SCHEMA",
+            ),
+        ];
+        let mut offsets = [0i64; 4];
+        for (source, topic, key, value, _) in &cases {
+            let at = &mut offsets[Source::ALL.iter().position(|s| s == source).unwrap()];
+            task.handle_record(&InputRecord {
+                source: *source,
+                topic,
+                offset: *at,
+                key: Some(key),
+                payload: value.as_deref(),
+                timestamp: NOW,
+            })
+            .unwrap();
+            *at += 1;
+        }
+        // The partition decides on: a fresh refund after them is dispatched.
+        let fresh = sample::refund("refund:after", 100, NOW);
+        task.handle_record(&record(
+            Source::Proposals,
+            &names.proposals(),
+            offsets[0],
+            b"refund:after",
+            &codec.encode_single_object(&fresh).unwrap(),
+        ))
+        .unwrap();
+        let outbox = task.seal(NOW).unwrap();
+        let reasons: Vec<String> = outbox
+            .records
+            .iter()
+            .filter(|r| r.topic == names.dlq())
+            .map(|r| {
+                let (_, v) = r
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == header::DLQ_REASON)
+                    .unwrap();
+                String::from_utf8(v.clone()).unwrap()
+            })
+            .collect();
+        let expected: Vec<&str> = cases.iter().map(|c| c.4).collect();
+        assert_eq!(reasons, expected);
+        assert!(
+            outbox
+                .records
+                .iter()
+                .any(|r| r.topic == names.dispatch("ledger")),
+            "the fresh refund after the bad records is dispatched"
+        );
+    }
+
     #[test]
     fn oversized_identifiers_and_payloads_are_dead_lettered_within_the_record_limit() {
         use sha2::Digest;

@@ -78,6 +78,22 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The damaged-store error behind this one, if any ([`store::Error::is_unreadable`]).
+    fn unreadable_store(&self) -> Option<&store::Error> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = next {
+            if let Some(s) = e.downcast_ref::<store::Error>()
+                && s.is_unreadable()
+            {
+                return Some(s);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What gaining a partition needs; one per processor instance.
@@ -138,6 +154,7 @@ impl Claim {
     pub fn take(&self, partition: i32) -> Result<(PartitionTask, Report)> {
         let claiming = self.telemetry.claiming(partition);
         let mut attempt = 0;
+        let mut moved_aside = false;
         loop {
             match self.try_take(partition) {
                 Ok((task, report)) => {
@@ -149,9 +166,40 @@ impl Claim {
                     log::warn!("{e}; rebuilding the partition and claiming again");
                     self.wipe(partition)?;
                 }
+                // A damaged store would fail every claim, on every instance that keeps this
+                // disk: it is moved aside (kept for a post-mortem) and the partition restored
+                // from the changelog, once.
+                Err(e) if !moved_aside && e.unreadable_store().is_some() => {
+                    moved_aside = true;
+                    let to = self.move_aside(partition)?;
+                    log::error!(
+                        "partition {partition}: the local state is unreadable ({e}); moved it to \
+                         {} and restoring the partition from the changelog",
+                        to.display()
+                    );
+                }
                 other => return other,
             }
         }
+    }
+
+    /// Moves partition `partition`'s store to `partition-<n>.unreadable` (replacing an earlier
+    /// one: one copy per partition is kept) and returns where.
+    fn move_aside(&self, partition: i32) -> Result<PathBuf> {
+        let dir = self.state_dir.join(format!("partition-{partition}"));
+        let to = self
+            .state_dir
+            .join(format!("partition-{partition}.unreadable"));
+        let io = |path: &Path, source| Error::Wipe {
+            partition,
+            path: path.to_owned(),
+            source,
+        };
+        if to.exists() {
+            std::fs::remove_dir_all(&to).map_err(|e| io(&to, e))?;
+        }
+        std::fs::rename(&dir, &to).map_err(|e| io(&dir, e))?;
+        Ok(to)
     }
 
     fn wipe(&self, partition: i32) -> Result<()> {

@@ -56,6 +56,19 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether the stored bytes themselves are damaged (RocksDB reports corruption, or a row
+    /// does not decode), as opposed to a directory in use, a full disk or a newer format. Such a
+    /// store cannot be repaired in place; its content can be restored from the changelog.
+    pub fn is_unreadable(&self) -> bool {
+        match self {
+            Error::Rocks { source, .. } => source.kind() == rocksdb::ErrorKind::Corruption,
+            Error::Corrupt { .. } => true,
+            Error::Property { .. } | Error::Version { .. } => false,
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// One atomic write: puts (`Some`) and deletes (`None`), in key order.

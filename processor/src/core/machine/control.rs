@@ -109,12 +109,7 @@ impl Core {
             // FAILED says the attempt did not happen and lets a retry run: an operator may say
             // it only once nobody can tell (UNKNOWN, or reconciliation gave up), never while
             // the attempt may still be running.
-            ControlKind::SettleFailed
-                if matches!(
-                    rec.state,
-                    State::Unknown { .. } | State::OperatorRequired { .. }
-                ) =>
-            {
+            ControlKind::SettleFailed if attempt_over(&rec, now) => {
                 close_failed(&mut rec, now, &evidence);
                 (
                     Verdict::Failed,
@@ -144,16 +139,22 @@ impl Core {
             }
             _ => {
                 let state = rec.effect_state().as_str();
-                return self.control_refused(
-                    c,
-                    Some(&rec),
-                    Reason::IntentClosed,
+                let detail = if c.kind == ControlKind::SettleFailed
+                    && matches!(
+                        rec.state,
+                        State::Unknown { .. } | State::OperatorRequired { .. }
+                    ) {
+                    format!(
+                        "the {state} attempt may still take effect until its command expires; \
+                         settle it FAILED after that"
+                    )
+                } else {
                     format!(
                         "{} does not apply to an intent in state {state}",
                         c.kind.as_str()
-                    ),
-                    step,
-                );
+                    )
+                };
+                return self.control_refused(c, Some(&rec), Reason::IntentClosed, detail, step);
             }
         };
         rec.updated_at = now;
@@ -250,5 +251,23 @@ impl Core {
             decided_at: step.now,
         });
         step.journal(event, Vec::new())
+    }
+}
+
+/// Whether `rec`'s attempt can no longer take effect: its outcome is UNKNOWN or waits for an
+/// operator, and its command has expired (no connector may start it later, and a call made is
+/// bounded by it too). Before that, FAILED would be a guess that lets a retry run beside the
+/// call.
+fn attempt_over(rec: &EffectRecord, now: i64) -> bool {
+    match rec.state {
+        // A round is asked only once the call can no longer land; before the first, the
+        // lookup is scheduled at that bound.
+        State::Unknown {
+            rounds,
+            next_reconcile_at,
+            ..
+        } => rounds > 0 || now >= next_reconcile_at,
+        State::OperatorRequired { may_land_until, .. } => now >= may_land_until,
+        _ => false,
     }
 }

@@ -325,6 +325,7 @@ impl Core {
                 rec.state = State::OperatorRequired {
                     since: now,
                     rounds: 0,
+                    may_land_until: call_bound,
                 };
             }
         }

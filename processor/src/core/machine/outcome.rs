@@ -81,12 +81,14 @@ impl Core {
         );
         // A reconcile answer counts only for a round this processor asked: while the attempt
         // is still running no round was asked, and a "proof" that it failed would let a second
-        // epoch run beside it.
+        // epoch run beside it. Once the attempt is closed the arms below judge it like any
+        // outcome (a reconciled commit still corrects a failure: it is what happened).
         let asked = match rec.state {
+            State::Dispatched { .. } | State::InFlight { .. } => false,
             State::Unknown { rounds, .. } | State::OperatorRequired { rounds, .. } => o
                 .reconcile_round
                 .is_some_and(|r| r >= 1 && u32::try_from(r).is_ok_and(|r| r <= rounds)),
-            _ => false,
+            _ => o.reconcile_round.is_some_and(|r| r >= 1),
         };
         if reconciled && !asked {
             let mut event = self.event(JournalKind::OutcomeIgnored, step, Some(&rec));

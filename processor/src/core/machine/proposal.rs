@@ -51,12 +51,17 @@ impl Core {
         );
         let mut event = self.event(JournalKind::ProposalDecided, step, None);
         fill_from_proposal(&mut event, p);
+        // The id is the first proposal's: this refusal is not its decision (an auditor must
+        // not count that proposal as refused), so the event names no proposal.
+        event.proposal_id = None;
         event.verdict = Some(Verdict::Conflict);
         event.reason = Some(Reason::HashConflict);
         event.evidence = Some(detail.clone());
         step.journal(event, Vec::new())?;
         step.out.decisions.push(Decision {
-            decision_id: format!("p/{}/reused/{fingerprint}", p.proposal_id),
+            // `r/`: an answer to a reuse of the id, never the answer of the proposal that owns
+            // it (clients waiting for that one skip it).
+            decision_id: format!("r/{}/{fingerprint}", p.proposal_id),
             in_reply_to: p.proposal_id.clone(),
             operation_key: p.operation_key.clone(),
             run_id: Some(p.run_id.clone()),

@@ -112,7 +112,11 @@ impl Core {
                                 (JournalKind::ReconcileRequested, None)
                             }
                             None => {
-                                rec.state = State::OperatorRequired { since, rounds };
+                                rec.state = State::OperatorRequired {
+                                    since,
+                                    rounds,
+                                    may_land_until: 0,
+                                };
                                 (
                                     JournalKind::OperatorRequired,
                                     Some((
