@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use airlock_schemas::{
-    Approval, ApprovalVerdict, Codec, Control, ControlKind, Outcome, OutcomeKind, ToolProposal,
+    Approval, ApprovalVerdict, Codec, Control, ControlKind, DispatchCommand, Outcome, OutcomeKind,
+    ReconcileCommand, ToolProposal,
 };
 use anyhow::Context;
 
@@ -174,6 +175,25 @@ pub fn approval(
         expires_at: now + HOUR_MS,
         decided_at: now,
         comment: None,
+    }
+}
+
+/// The reconcile command, round `round` (unsigned), of the attempt `d` dispatched, as the
+/// processor would issue it at `issued_at`.
+pub fn reconcile_of(d: &DispatchCommand, round: i32, issued_at: i64) -> ReconcileCommand {
+    ReconcileCommand {
+        command_id: format!("{}#{}/r{round}", d.operation_key, d.epoch),
+        operation_key: d.operation_key.clone(),
+        epoch: d.epoch,
+        tool: d.tool.clone(),
+        connector: d.connector.clone(),
+        idempotency_key: d.idempotency_key.clone(),
+        arguments_hash: d.arguments_hash.clone(),
+        round,
+        owner_partition: d.owner_partition,
+        owner_epoch: d.owner_epoch,
+        capability: None,
+        issued_at,
     }
 }
 

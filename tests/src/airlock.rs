@@ -451,9 +451,10 @@ impl Airlock {
 
     /// Every dispatch command on the ledger's dispatch topic that a worker would accept (not
     /// fenced), one per (operation key, attempt epoch). Copies of one attempt are expected (a
-    /// resent outbox, an instance deciding its inputs again) but must be identical in every
-    /// field, the capability included: two different commands for one attempt fail here,
-    /// whatever their record ids.
+    /// resent outbox, an owner deciding again inputs whose changelog the previous owner had not
+    /// written) but must say the same thing: identical in every field but the sender's stamp
+    /// (`owner_epoch`, and the capability that signs it). Two different commands for one
+    /// attempt fail here, whatever their record ids.
     pub fn dispatches(&self) -> anyhow::Result<Vec<DispatchCommand>> {
         let codec = Codec::new();
         let mut by_attempt: std::collections::BTreeMap<(String, i64), DispatchCommand> =
@@ -468,7 +469,11 @@ impl Airlock {
                     v.insert(cmd);
                 }
                 std::collections::btree_map::Entry::Occupied(o) => anyhow::ensure!(
-                    *o.get() == cmd,
+                    DispatchCommand {
+                        owner_epoch: cmd.owner_epoch,
+                        capability: cmd.capability.clone(),
+                        ..o.get().clone()
+                    } == cmd,
                     "two different dispatch commands for {}#{}:\n{:?}\n{cmd:?}",
                     cmd.operation_key,
                     cmd.epoch,

@@ -254,21 +254,7 @@ fn command(
 
 /// A reconcile command for round 1 of `key`'s epoch 1, signed by `signed_by`.
 fn reconcile(key: &str, now: i64, signed_by: Option<&SigningKey>) -> ReconcileCommand {
-    let d = command(key, 100, now, None);
-    let mut cmd = ReconcileCommand {
-        command_id: format!("{key}#1/r1"),
-        operation_key: d.operation_key,
-        epoch: 1,
-        tool: d.tool,
-        connector: d.connector,
-        idempotency_key: d.idempotency_key,
-        arguments_hash: d.arguments_hash,
-        round: 1,
-        owner_partition: d.owner_partition,
-        owner_epoch: 1,
-        capability: None,
-        issued_at: now,
-    };
+    let mut cmd = sample::reconcile_of(&command(key, 100, now, None), 1, now);
     if let Some(k) = signed_by {
         cmd.capability = Some(capability::sign_reconcile(k, &cmd));
     }

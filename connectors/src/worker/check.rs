@@ -337,21 +337,7 @@ mod tests {
     }
 
     fn reconcile(key: &str) -> ReconcileCommand {
-        let d = dispatch(key);
-        let mut cmd = ReconcileCommand {
-            command_id: format!("{key}#1/r1"),
-            operation_key: d.operation_key,
-            epoch: 1,
-            tool: d.tool,
-            connector: d.connector,
-            idempotency_key: d.idempotency_key,
-            arguments_hash: d.arguments_hash,
-            round: 1,
-            owner_partition: d.owner_partition,
-            owner_epoch: 1,
-            capability: None,
-            issued_at: NOW,
-        };
+        let mut cmd = airlock_processor::sample::reconcile_of(&dispatch(key), 1, NOW);
         cmd.capability = Some(capability::sign_reconcile(
             &SigningKey::from_bytes(&[7; 32]),
             &cmd,
