@@ -6,7 +6,9 @@
 //! from its beginning: records before the committed offset only teach the fence filter the
 //! owner-epoch markers (fence 1 needs the highest marker, wherever it is); records from the
 //! committed offset on are handled one at a time (`handle`). On losing a partition its state
-//! is dropped. SIGTERM/SIGINT stop after the record at hand (a call in flight finishes, bounded
+//! is dropped. A claim that fails transiently (a broker down, a leader moving) does not stop
+//! the worker: it drops the assignment, leaves the group and joins again after a pause that
+//! doubles with each failure in a row (2 s to 30 s); only fatal errors stop it. SIGTERM/SIGINT stop after the record at hand (a call in flight finishes, bounded
 //! by its timeout), then the worker leaves the group.
 //!
 //! Metrics, liveness and readiness (`telemetry`) are served on `telemetry.listen` when set.
@@ -14,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::topics::{self, Names};
@@ -52,6 +54,22 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// True when a claim that failed with this error may succeed if tried again later.
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Kafka(e) => airlock_processor::runtime::scan::transient(e),
+            Error::Rebuild(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// The first pause before a worker whose claim failed joins its group again; it doubles on
+/// each failure in a row, up to [`REJOIN_PAUSE_MAX`].
+const REJOIN_PAUSE: Duration = Duration::from_secs(2);
+const REJOIN_PAUSE_MAX: Duration = Duration::from_secs(30);
 
 /// What a worker did, reported when it stops.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,6 +112,11 @@ struct Owned {
 struct Shared {
     owned: BTreeMap<i32, Owned>,
     fatal: Option<Error>,
+    /// A claim failed transiently: the worker leaves its group and joins again at this time,
+    /// so that the partitions are assigned anew (to it or to another worker).
+    rejoin_at: Option<Instant>,
+    /// Claims that failed in a row; the pause before rejoining grows with them.
+    failed_claims: u32,
 }
 
 struct Ctx {
@@ -104,6 +127,9 @@ struct Ctx {
     dispatch: String,
     outcomes: String,
     connector: String,
+    /// How long a claim may wait for the outcomes partition without progress: below the
+    /// group's max.poll.interval.ms, since the claim runs inside the rebalance callback.
+    claim_stall: Duration,
     telemetry: Arc<Telemetry>,
 }
 
@@ -119,9 +145,24 @@ impl ConsumerContext for Ctx {
         let mut shared = lock(&self.shared);
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                if let Err(e) = self.assign(consumer, &mut shared, tpl) {
-                    log::error!("taking partitions: {e}");
-                    shared.fatal.get_or_insert(e);
+                match self.assign(consumer, &mut shared, tpl) {
+                    Ok(()) => shared.failed_claims = 0,
+                    Err(e) if e.is_transient() => {
+                        let pause = REJOIN_PAUSE
+                            .saturating_mul(1 << shared.failed_claims.min(4))
+                            .min(REJOIN_PAUSE_MAX);
+                        shared.failed_claims += 1;
+                        log::error!(
+                            "taking partitions: {e}; leaving the group, joining again in {pause:?}"
+                        );
+                        shared.rejoin_at = Some(Instant::now() + pause);
+                    }
+                    Err(e) => {
+                        log::error!("taking partitions: {e}");
+                        shared.fatal.get_or_insert(e);
+                    }
+                }
+                if shared.fatal.is_some() || shared.rejoin_at.is_some() {
                     shared.owned.clear();
                     self.owned(&shared);
                     if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
@@ -184,7 +225,7 @@ impl Ctx {
                 &self.outcomes,
                 p,
                 &self.connector,
-                Duration::from_secs(60),
+                self.claim_stall,
             );
             self.telemetry.health.claim_ended(p, rebuilt.is_ok());
             let (started, report) = rebuilt?;
@@ -294,6 +335,8 @@ fn run_loop(
     let shared = Arc::new(Mutex::new(Shared {
         owned: BTreeMap::new(),
         fatal: None,
+        rejoin_at: None,
+        failed_claims: 0,
     }));
     let ctx = Ctx {
         shared: shared.clone(),
@@ -302,6 +345,8 @@ fn run_loop(
         dispatch: dispatch.clone(),
         outcomes: names.outcomes(),
         connector: config.connector.name.clone(),
+        claim_stall: Duration::from_millis(config.connector.max_poll_interval_ms / 2)
+            .min(Duration::from_secs(60)),
         telemetry: telemetry.clone(),
     };
     let c = &config.connector;
@@ -365,6 +410,18 @@ fn run_loop(
     let mut summary = Summary::default();
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.health.beat();
+        let rejoin = {
+            let mut shared = lock(&shared);
+            match shared.rejoin_at {
+                Some(at) if at <= Instant::now() => shared.rejoin_at.take(),
+                _ => None,
+            }
+        };
+        if rejoin.is_some() {
+            log::info!("worker {worker_id}: joining the group of {dispatch} again");
+            consumer.unsubscribe();
+            consumer.subscribe(&[dispatch.as_str()])?;
+        }
         let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };

@@ -43,6 +43,19 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// True when trying again later may succeed: a broker down, a leader moving, a read that
+    /// stalled. Only librdkafka's fatal errors are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Kafka { source, .. }
+            | Error::Produce(produce::Error::Delivery { source, .. }) => scan::transient(source),
+            Error::Produce(produce::Error::Create(_)) => false,
+            Error::Stalled { .. } => true,
+        }
+    }
+}
+
 /// The highest started attempt epoch per operation key, on one partition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Started {

@@ -94,6 +94,13 @@ pub fn transient(e: &KafkaError) -> bool {
 
 /// `fetch_watermarks` of `topic`'s `partition`, asked again on errors until `within` has
 /// passed: while a leader moves or a broker restarts, the request fails for a few seconds.
+///
+/// Before each new try the topic's metadata is fetched afresh. librdkafka answers a
+/// watermark query from its metadata cache, and treats a cached topic that lacks the
+/// partition as a permanent "Unknown partition" without asking the cluster again; a broker
+/// that restarts can leave such an entry behind, and a client that only queries watermarks
+/// (no subscription refreshes the topic) would then fail until the entry ages out, minutes
+/// later.
 pub fn watermarks<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -108,6 +115,10 @@ pub fn watermarks<C: ConsumerContext>(
             Err(e) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                 log::warn!("{topic}/{partition}: asking the watermarks again: {e}");
                 std::thread::sleep(RETRY_PAUSE);
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let Err(e) = consumer.fetch_metadata(Some(topic), left.min(RETRY_PAUSE * 10)) {
+                    log::warn!("{topic}: refreshing the metadata: {e}");
+                }
             }
             Err(e) => return Err(e),
         }
