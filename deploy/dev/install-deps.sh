@@ -7,6 +7,7 @@
 #   a JRE (17+) and Maven: the Apache Kafka broker (deploy/broker/kafka), unless `java` and
 #                 `mvn` are already on the PATH (installed some other way)
 #   python3-pip   when `python3 -m pip` does not work: fetches tansu's wheel
+#   python3-venv  when `python3 -m venv` cannot bootstrap pip: the Python client's tests
 set -euo pipefail
 
 needed=(libclang-dev clang g++ make pkg-config libssl-dev libsasl2-dev libcurl4-openssl-dev zlib1g-dev cmake curl)
@@ -17,6 +18,7 @@ done
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing (idempotently), then
-# rustfmt, clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous
-# intra-doc links), and every test of the workspace.
+# the Python client's contract tests, rustfmt, clippy with warnings denied, rustdoc with
+# warnings denied (broken or ambiguous intra-doc links), and every test of the workspace (among
+# them the Python client against a live Airlock, tests/tests/python_client.rs).
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
 #                      a fresh clone reuses earlier builds)
-#   AIRLOCK_CACHE      the brokers' jars and binaries; default $HOME/.cache/airlock
+#   AIRLOCK_CACHE      the brokers' jars and binaries, the Python environment; default
+#                      $HOME/.cache/airlock
 #   AIRLOCK_SKIP_APT=1 never call apt-get (you installed the packages yourself)
 #   AIRLOCK_TEST_BROKER  the integration tests' broker: kafka (default: Apache Kafka 4.4 started
 #                      per test as a process), tansu, external (with AIRLOCK_TEST_BROKERS) or
@@ -29,6 +31,12 @@ step "brokers (fetched once into the cache)"
 if [ "${AIRLOCK_TEST_BROKER:-kafka}" = "tansu" ]; then
   "$root/deploy/broker/tansu/install.sh" >/dev/null
 fi
+
+step "the Python client: its environment, and its contract tests against the shared vectors"
+AIRLOCK_PYTHON="$("$here/python.sh")"
+export AIRLOCK_PYTHON
+"$AIRLOCK_PYTHON" -m pytest -q -p no:cacheprovider "$root/clients/python/tests" \
+  --ignore="$root/clients/python/tests/integration"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

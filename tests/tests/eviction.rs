@@ -78,11 +78,13 @@ async fn a_processor_evicted_while_frozen_writes_only_behind_the_fence() -> anyh
         );
         return Ok(());
     }
-    let dir = tempfile::tempdir()?;
-    let (log, worker_log) = (dir.path().join("run.log"), dir.path().join("worker.log"));
+    // Logs outlive a failed run: $TMPDIR/airlock-eviction-<pid>/.
+    let dir = std::env::temp_dir().join(format!("airlock-eviction-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (log, worker_log) = (dir.join("run.log"), dir.join("worker.log"));
     let ledger = Ledger::start(
         &[("acme", "acct-42", "EUR", 1_000_000_000)],
-        &dir.path().join("ledger.log"),
+        &dir.join("ledger.log"),
     )?;
     let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
     let mut p1 = a.spawn_process("p1", "group", &log)?;
@@ -180,7 +182,41 @@ async fn a_processor_evicted_while_frozen_writes_only_behind_the_fence() -> anyh
             Ok((settled.len() == refunds).then_some(settled))
         },
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        let settled = a
+            .read_deduplicated::<Decision>(&a.names.decisions(), "decision")
+            .map(|d| airlock_tests::workload::settled(d, 3));
+        // The journal of one refund that did not settle says what held it.
+        let story = settled.as_ref().ok().and_then(|settled| {
+            let key = sent.values().find(|k| !settled.contains_key(*k))?;
+            let journal = a
+                .read_deduplicated::<airlock_schemas::JournalEvent>(&a.names.journal(), "journal")
+                .ok()?;
+            let lines: Vec<String> = journal
+                .iter()
+                .filter(|j| j.operation_key.as_deref() == Some(key.as_str()))
+                .map(|j| {
+                    format!(
+                        "  owner {} {} epoch {:?} {:?} {:?}: {}",
+                        j.owner_epoch,
+                        j.kind.as_str(),
+                        j.epoch,
+                        j.verdict,
+                        j.state,
+                        j.evidence.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect();
+            Some(format!("{key}:\n{}", lines.join("\n")))
+        });
+        anyhow::anyhow!(
+            "{e}: {:?} of {refunds} settled; logs in {}\n{}",
+            settled.map(|s| s.len()),
+            dir.display(),
+            story.unwrap_or_default()
+        )
+    })?;
     let committed: BTreeSet<String> = settled
         .into_iter()
         .filter(|(_, v)| *v == Verdict::Committed)

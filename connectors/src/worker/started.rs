@@ -222,4 +222,47 @@ mod tests {
         );
         assert!(s.is_empty());
     }
+
+    /// A claim that fails on these is tried again after rejoining; only fatal ones stop the
+    /// worker.
+    #[test]
+    fn a_broker_outage_is_transient_and_a_fatal_error_is_not() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode;
+        let kafka = |source| Error::Kafka {
+            partition: 0,
+            source,
+        };
+        assert!(
+            kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownPartition
+            ))
+            .is_transient()
+        );
+        assert!(
+            kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerTransportFailure
+            ))
+            .is_transient()
+        );
+        assert!(
+            Error::Stalled {
+                partition: 0,
+                at: 1,
+                end: 2,
+                stalled: Duration::from_secs(60)
+            }
+            .is_transient()
+        );
+        assert!(
+            !kafka(KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::Fatal)).is_transient()
+        );
+        assert!(!kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::Fatal)).is_transient());
+        assert!(
+            !Error::Produce(produce::Error::Create(KafkaError::ClientCreation(
+                "x".into()
+            )))
+            .is_transient()
+        );
+    }
 }

@@ -20,6 +20,8 @@ pub mod policy;
 pub mod record;
 pub mod reducer;
 pub mod registry;
+#[cfg(test)]
+mod vectors;
 
 pub use input::Input;
 pub use machine::{Config, Core};

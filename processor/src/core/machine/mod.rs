@@ -460,7 +460,7 @@ fn receipt(rec: &EffectRecord, settled_by: &str, evidence: &str) -> String {
 /// What a proposal says, for telling a producer's resend (identical) from another proposal
 /// reusing its id: a digest of who proposes what, under which key. Frozen: stored in the
 /// remembered replies.
-fn proposal_fingerprint(p: &ToolProposal) -> String {
+pub(crate) fn proposal_fingerprint(p: &ToolProposal) -> String {
     let mut h = Sha256::new();
     h.update(b"airlock/proposal/v1\0");
     for part in [

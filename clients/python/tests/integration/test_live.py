@@ -1,0 +1,132 @@
+"""The client against a running Airlock (broker, processor, connector worker, reference
+ledger), started by the Rust test ``tests/tests/python_client.rs``, which passes:
+
+* ``AIRLOCK_TEST_BROKERS``, ``AIRLOCK_TEST_PREFIX``: where Airlock's topics are;
+* ``AIRLOCK_TEST_REPORT``: a file to list the operation keys seen COMMITTED, one per line;
+  the Rust test checks the ledger holds exactly one effect for each.
+"""
+
+import asyncio
+import os
+import threading
+import uuid
+
+import pytest
+
+from airlock_client import AsyncClient, CanonicalError, Client, Refused
+
+BROKERS = os.environ["AIRLOCK_TEST_BROKERS"]
+PREFIX = os.environ["AIRLOCK_TEST_PREFIX"]
+RUN = uuid.uuid4().hex[:8]
+
+
+def refund(key, minor_units, **overrides):
+    call = dict(
+        tool="refund",
+        operation_key=key,
+        arguments={
+            "tenant_id": "acme",
+            "account_id": "acct-42",
+            "amount": {"minor_units": minor_units, "currency": "EUR"},
+        },
+        tenant="acme",
+        principal="agent-support-1",
+        run_id=f"run-{RUN}",
+        logical_call_id=key,
+    )
+    call.update(overrides)
+    return call
+
+
+def committed(*keys):
+    with open(os.environ["AIRLOCK_TEST_REPORT"], "a", encoding="utf-8") as report:
+        for key in keys:
+            report.write(key + "\n")
+
+
+@pytest.fixture(scope="module")
+def client():
+    with Client(BROKERS, topic_prefix=PREFIX) as c:
+        yield c
+
+
+def test_a_refund_is_accepted_then_committed_once_however_often_it_is_sent(client):
+    key = f"refund:py-{RUN}-1"
+    first = client.propose(**refund(key, 1250))
+    assert (first.verdict, first.reason) == ("ACCEPTED", "AUTO_APPROVED"), first
+    assert not first.earlier
+    assert first.arguments_hash is not None and first.epoch == 1
+
+    # The same proposal again (a blind retry): answered from before, not published again.
+    again = client.propose(**refund(key, 1250))
+    assert again.earlier and again.decision_id == first.decision_id
+
+    settled = client.wait_settled(key, timeout=120)
+    assert settled.final and settled.decision.verdict == "COMMITTED", settled
+    assert settled.decision.receipt is not None
+    assert settled.result is not None, "the connector's evidence is handed back"
+    committed(key)
+
+    # A new proposal of the key (another logical call, so another id) is a DUPLICATE.
+    retry = client.propose(**refund(key, 1250, logical_call_id="another"))
+    assert retry.verdict == "DUPLICATE", retry
+
+
+def test_refusals_are_typed_and_carry_the_decision(client):
+    key = f"refund:py-{RUN}-2"
+    client.propose(**refund(key, 300))
+    with pytest.raises(Refused) as conflict:
+        client.propose(**refund(key, 301))
+    assert conflict.value.decision.verdict == "CONFLICT"
+    with pytest.raises(Refused) as unknown:
+        client.propose(**refund(f"refund:py-{RUN}-3", 300, tool="no_such_tool"))
+    assert unknown.value.decision.reason == "UNKNOWN_TOOL"
+    assert client.wait_settled(key, timeout=120).decision.verdict == "COMMITTED"
+    committed(key)
+
+
+def test_arguments_without_a_canonical_form_are_refused_before_sending(client):
+    with pytest.raises(CanonicalError) as refused:
+        client.propose(**refund(f"refund:py-{RUN}-4", 100, arguments='{"amount": 1.5}'))
+    assert refused.value.kind == "non_integer" and refused.value.path == "/amount"
+
+
+def test_threads_share_one_client(client):
+    keys = [f"refund:py-{RUN}-t{i}" for i in range(8)]
+    answers, errors = {}, []
+
+    def propose(key):
+        try:
+            answers[key] = client.propose(**refund(key, 500))
+        except Exception as e:  # collected and reported below
+            errors.append((key, e))
+
+    threads = [threading.Thread(target=propose, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert {a.verdict for a in answers.values()} == {"ACCEPTED"}
+    for key in keys:
+        assert client.wait_settled(key, timeout=120).decision.verdict == "COMMITTED"
+    committed(*keys)
+
+
+def test_asyncio_and_two_clients_publishing_the_same_call():
+    key = f"refund:py-{RUN}-a"
+
+    async def main():
+        async with AsyncClient(BROKERS, topic_prefix=PREFIX) as one, AsyncClient(
+            BROKERS, topic_prefix=PREFIX
+        ) as two:
+            # Two processes of a fleet sending the same call at once: one effect.
+            a, b = await asyncio.gather(
+                one.propose(**refund(key, 700)), two.propose(**refund(key, 700))
+            )
+            assert a.decision_id == b.decision_id and a.verdict == "ACCEPTED"
+            return await one.wait_settled(key, final=True, timeout=120)
+
+    settled = asyncio.run(main())
+    assert settled.decision.verdict == "COMMITTED"
+    committed(key)

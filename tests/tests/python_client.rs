@@ -1,0 +1,84 @@
+//! The Python client (`clients/python`) against a real broker, processor, connector worker
+//! and the reference ledger: its integration tests (`clients/python/tests/integration`) run
+//! with this test's brokers and topics, then the ledger is checked for one business effect per
+//! refund they saw committed.
+//!
+//! The interpreter is `$AIRLOCK_PYTHON`, by default the virtual environment
+//! `deploy/dev/python.sh` prepares (`$HOME/.cache/airlock/python`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::connector::{Keys, Ledger};
+
+fn python() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("AIRLOCK_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var("HOME")?).join(".cache/airlock/python/bin/python"),
+    };
+    anyhow::ensure!(
+        path.exists(),
+        "no Python environment at {} (run deploy/dev/python.sh, or set AIRLOCK_PYTHON)",
+        path.display()
+    );
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyhow::Result<()> {
+    let python = python()?;
+    let keys = Keys::generate()?;
+    let a = Airlock::start_with(
+        "python",
+        3,
+        Options {
+            signing_key_file: Some(keys.signing_file.clone()),
+            ..Options::default()
+        },
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::start(
+        &[("acme", "acct-42", "EUR", 1_000_000_000)],
+        &dir.path().join("ledger.log"),
+    )?;
+    let worker = a.spawn_connector(
+        "w1",
+        &ledger,
+        &[&keys.verifying_file],
+        &dir.path().join("worker.log"),
+    )?;
+    let mut processor = a.spawn_process("p1", "group", &dir.path().join("run.log"))?;
+
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let report = dir.path().join("committed.txt");
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
+        .arg(root.join("clients/python/tests/integration"))
+        .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
+        .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
+        .env("AIRLOCK_TEST_REPORT", &report)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = processor.kill();
+    assert!(
+        out.status.success() && !stdout.contains("skipped"),
+        "the Python client's integration tests failed (logs in {}):\n{stdout}\n{}",
+        dir.keep().display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+
+    // Each refund the client saw COMMITTED is one business effect, however often it was sent.
+    let committed = std::fs::read_to_string(&report)?;
+    let committed: Vec<&str> = committed.lines().filter(|l| !l.is_empty()).collect();
+    assert!(committed.len() >= 10, "{committed:?}");
+    for key in &committed {
+        assert_eq!(ledger.effects_for(key).await?, 1, "{key}");
+    }
+    assert_eq!(ledger.effects_total().await?, committed.len() as u64);
+    assert!(worker.stop()?, "the worker stops cleanly");
+    Ok(())
+}
