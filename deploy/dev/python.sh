@@ -23,6 +23,10 @@ if [ ! -e "$stamp" ]; then
   rm -f "$venv"/.deps-*
   touch "$stamp"
 fi
+# Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
+copy="$(mktemp -d)"
+trap 'rm -rf "$copy"' EXIT
+cp -r "$root/clients/python/." "$copy"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
-  --no-build-isolation --force-reinstall "$root/clients/python" >&2
+  --no-build-isolation --force-reinstall "$copy" >&2
 echo "$venv/bin/python"
