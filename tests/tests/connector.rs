@@ -279,6 +279,9 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     let unsigned = command("refund:unsigned", 100, now, None);
     let mut expired = command("refund:expired", 100, now - 120_000, None);
     expired.capability = Some(capability::sign(&keys.key, &expired));
+    // Expired two hours ago: an old copy, refused (its ATTEMPT_STARTED could be gone).
+    let mut stale = command("refund:stale", 100, now - 7_200_000, None);
+    stale.capability = Some(capability::sign(&keys.key, &stale));
     let mut raised = command("refund:raised", 100, now, Some(&keys.key));
     raised.epoch = 7; // a signed field changed after signing
     // The control: the same path with a genuine command does reach the ledger.
@@ -290,7 +293,9 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
 
     let codec = Codec::new();
     let mut payloads = Vec::new();
-    for cmd in [&forged, &altered, &unsigned, &expired, &raised, &genuine] {
+    for cmd in [
+        &forged, &altered, &unsigned, &expired, &stale, &raised, &genuine,
+    ] {
         payloads.push((cmd.operation_key.clone(), codec.encode_single_object(cmd)?));
     }
     for cmd in [&recon_unsigned, &recon_forged] {
@@ -336,7 +341,7 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
         "{reasons:?}"
     );
     assert_eq!(reasons["refund:unsigned"], "UNSIGNED", "{reasons:?}");
-    assert_eq!(reasons["refund:expired"], "EXPIRED", "{reasons:?}");
+    assert_eq!(reasons["refund:stale"], "EXPIRED", "{reasons:?}");
     assert_eq!(reasons["refund:raised"], "FORGED", "{reasons:?}");
     assert_eq!(reasons["refund:recon-unsigned"], "UNSIGNED", "{reasons:?}");
     assert_eq!(reasons["refund:recon-forged"], "FORGED", "{reasons:?}");
@@ -349,6 +354,22 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
         assert!(outcomes_of(&a, key)?.is_empty(), "{key} has outcomes");
         assert_eq!(ledger.effects_for(key).await?, 0, "{key}");
     }
+    // An authentic command read after its attempt deadline is no bad input: its attempt is
+    // started and failed without a call, so the processor can settle it at once instead of
+    // waiting it out as UNKNOWN and looking it up downstream.
+    assert!(!reasons.contains_key("refund:expired"), "{reasons:?}");
+    let expired = eventually("the expired command failed", WAIT, async || {
+        let o = outcomes_of(&a, "refund:expired")?;
+        Ok((o.len() >= 2).then_some(o))
+    })
+    .await?;
+    assert_eq!(
+        kinds(&expired),
+        [(1, OutcomeKind::AttemptStarted), (1, OutcomeKind::Failed)]
+    );
+    let evidence = expired[1].evidence.as_deref().unwrap_or_default();
+    assert!(evidence.starts_with("not called: expired"), "{evidence}");
+    assert_eq!(ledger.effects_for("refund:expired").await?, 0);
     assert_eq!(ledger.effects_total().await?, 1);
     assert!(worker.stop()?);
     Ok(())

@@ -37,6 +37,13 @@ NOT_REFUSED = ("ACCEPTED", "PENDING_APPROVAL", "DUPLICATE", "IN_PROGRESS")
 SETTLING = ("COMMITTED", "FAILED", "UNKNOWN", "EXPIRED", "CANCELLED")
 #: Of those, the ones after which nothing changes for the attempt.
 FINAL = ("COMMITTED", "FAILED", "EXPIRED", "CANCELLED")
+#: The verdict each connector outcome kind settles an attempt with.
+_SETTLED_BY = {
+    "COMMITTED": "COMMITTED",
+    "RECONCILED_COMMITTED": "COMMITTED",
+    "FAILED": "FAILED",
+    "RECONCILED_FAILED": "FAILED",
+}
 
 
 class AirlockError(Exception):
@@ -176,8 +183,9 @@ class _Reader(threading.Thread):
         # outcome evidence by (operation key, epoch). Oldest entries go first.
         self.replies: "OrderedDict[str, List[Decision]]" = OrderedDict()
         self.by_key: "OrderedDict[str, List[Decision]]" = OrderedDict()
-        self.evidence: "OrderedDict[Tuple[str, int], str]" = OrderedDict()
+        self.evidence: "OrderedDict[Tuple[str, int, str], str]" = OrderedDict()
         self.evicted = False
+        self.unreadable: Dict[Tuple[str, int], str] = {}
         self.waiters: List[_Waiter] = []
         self.stop = threading.Event()
         self.failure: Optional[str] = None
@@ -188,6 +196,8 @@ class _Reader(threading.Thread):
         """Returns once ``topic``'s ``partition`` has been read up to where it ended when it
         was first asked for."""
         with self.lock:
+            if self.failure:
+                raise BrokerUnavailable(self.failure)
             state = self.followed.get((topic, partition))
             if state is None:
                 state = self.followed[(topic, partition)] = _Followed(end=-1)
@@ -303,11 +313,16 @@ class _Reader(threading.Thread):
     def _take_decision(self, payload: bytes, partition: int, offset: int) -> None:
         try:
             decision = Decision._of(codec.decode("Decision", payload), partition, offset)
-        except codec.CodecError:
-            return  # not a decision: the processor never writes one, nothing to answer
+        except codec.CodecError as e:
+            # Never written by a processor this client understands: a newer schema (upgrade
+            # the client) or a stranger's record. Kept to explain a wait that times out.
+            with self.lock:
+                self.unreadable[(self.decisions, partition)] = f"offset {offset}: {e}"
+            return
         with self.lock:
             self._index(self.replies, decision.in_reply_to, decision)
-            self._index(self.by_key, decision.operation_key, decision)
+            if decision.verdict in SETTLING:
+                self._index(self.by_key, decision.operation_key, decision)
             self._resolve(self.decisions, partition, decision)
 
     def _take_outcome(self, payload: bytes) -> None:
@@ -315,10 +330,11 @@ class _Reader(threading.Thread):
             outcome = codec.decode("Outcome", payload)
         except codec.CodecError:
             return
-        if outcome["kind"] not in ("COMMITTED", "FAILED") or outcome.get("evidence") is None:
+        settled = _SETTLED_BY.get(outcome["kind"])
+        if settled is None or outcome.get("evidence") is None:
             return
         with self.lock:
-            key = (outcome["operation_key"], outcome["epoch"])
+            key = (outcome["operation_key"], outcome["epoch"], settled)
             self.evidence[key] = outcome["evidence"]
             self.evidence.move_to_end(key)
             while len(self.evidence) > self.capacity:
@@ -455,7 +471,11 @@ class Client:
         import json
 
         text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-        digest = canonicalize(text).hash
+        # The canonical text goes on the wire: the processor tells a resend from a reuse of the
+        # id by the raw text, so two processes that build the same arguments in another key
+        # order must send the same bytes.
+        canonical = canonicalize(text)
+        text, digest = canonical.json, canonical.hash
         if proposal_id is None:
             proposal_id = content_id(
                 "propose",
@@ -502,9 +522,19 @@ class Client:
         self._reader.follow(self.decisions, partition, _left(deadline))
 
         def wants(d: Decision) -> bool:
-            # A refusal of another proposal that reused this id is not this one's answer.
-            return d.in_reply_to == pid and (
-                not d.decision_id.startswith("r/") or d.decision_id == ours
+            # The proposal's own answer: `p/<id>`, `x/...` (refused before it was decided), or
+            # the refusal of this very content as a reuse of the id. Not a later settlement of
+            # its intent (`e/...` replies to the proposal too), nor the refusal of another
+            # proposal that reused the id.
+            return (
+                d.in_reply_to == pid
+                and d.partition == partition
+                and d.operation_key == key
+                and (
+                    d.decision_id == f"p/{pid}"
+                    or d.decision_id.startswith("x/")
+                    or d.decision_id == ours
+                )
             )
 
         waiter = _Waiter(self.decisions, partition, wants)
@@ -565,7 +595,9 @@ class Client:
             until = min(deadline, time.monotonic() + 5.0)
             while True:
                 with self._reader.lock:
-                    result = self._reader.evidence.get((operation_key, decision.epoch))
+                    result = self._reader.evidence.get(
+                        (operation_key, decision.epoch, decision.verdict)
+                    )
                 if result is not None or time.monotonic() >= until:
                     break
                 time.sleep(0.05)
@@ -575,9 +607,16 @@ class Client:
         try:
             return future.result(timeout=_left(deadline))
         except FutureTimeout:
+            with self._reader.lock:
+                unreadable = self._reader.unreadable.get((waiter.topic, waiter.partition))
+            hint = (
+                f"; decisions on {waiter.topic} partition {waiter.partition} this client cannot "
+                f"read (a newer Airlock? upgrade the client): {unreadable}"
+                if unreadable
+                else " (is `airlock run` up?)"
+            )
             raise TimedOut(
-                f"no answer for {what} in time (is `airlock run` up?); sending the same "
-                "proposal again is safe"
+                f"no answer for {what} in time{hint}; sending the same proposal again is safe"
             ) from None
         finally:
             self._reader.forget(waiter)

@@ -1,7 +1,13 @@
 //! One command, start to finish (DESIGN.md section 7). For a dispatch:
 //!
 //! 1. refuse what must not run (dead letter, never an outcome): undecodable, misplaced,
-//!    unsigned, forged, altered arguments, expired;
+//!    unsigned, forged, altered arguments, expired over an hour ago. An authentic command
+//!    read less than an hour after its attempt deadline is not refused: it goes through steps
+//!    2 and 3 like any other and then fails "not called" in step 4. Started and failed at
+//!    once, the epoch can never run anywhere, so the processor settles it FAILED with proof
+//!    now; refused without an outcome, it would wait out the attempt as UNKNOWN and cost a
+//!    downstream lookup, which under a backlog (every command expiring in the queue)
+//!    multiplies the load;
 //! 2. refuse an epoch at or below one already started for the key (fence 2), and a command of
 //!    an owner epoch behind the partition's fence (fence 1);
 //! 3. produce `ATTEMPT_STARTED` and wait for its acknowledgement, then commit the dispatch
@@ -28,6 +34,12 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
 use super::check::{Checker, Command};
+
+/// How long after its attempt deadline an authentic dispatch command is still started and
+/// failed "not called" rather than refused: an hour, far below the outcomes topic's retention
+/// (the broker default, 7 days), so the attempt's ATTEMPT_STARTED, had it started, is still
+/// there for the started map to refuse the copy.
+const EXPIRED_FAILS_WITHIN_MS: i64 = 3_600_000;
 use super::report::{self, Attempt, Reporter, Source};
 use super::started::Started;
 use super::telemetry::Telemetry;
@@ -176,7 +188,7 @@ impl Handler {
         let source = record.source;
         let key = cmd.operation_key.as_str();
         let arguments = match self.checker.authorize(cmd, wall_ms()) {
-            Ok(arguments) => arguments,
+            Ok(arguments) => Ok(arguments),
             // An authentic command of an attempt that already started is a redelivery, even
             // when it has expired since.
             Err(Refused::Expired { .. }) if started.refuses(key, cmd.epoch) => {
@@ -184,6 +196,17 @@ impl Handler {
                 commit();
                 return Ok(Handled::Duplicate);
             }
+            // Authentic, and too late to call: started and failed below without a call. Only
+            // when it expired recently (a backlog): an old copy replayed could belong to an
+            // attempt whose ATTEMPT_STARTED has left the outcomes topic since, and its FAILED
+            // would then pass for proof; that one is refused as before.
+            Err(Refused::Expired {
+                attempt_deadline_at,
+                now,
+            }) if now - attempt_deadline_at <= EXPIRED_FAILS_WITHIN_MS => Err(format!(
+                "expired: read {} ms after the attempt deadline",
+                now - attempt_deadline_at
+            )),
             Err(refused) => {
                 self.dead_letter(cx, source, refused.code(), &refused.to_string())?;
                 commit();
@@ -237,7 +260,11 @@ impl Handler {
         }
         let max_evidence = self.http.max_evidence();
         let began = Instant::now();
-        let observation = match self.http.request(cmd, &arguments) {
+        let observation = match arguments.and_then(|arguments| {
+            self.http
+                .request(cmd, &arguments)
+                .map_err(|why| why.to_string())
+        }) {
             Err(why) => Observation::not_called(why, max_evidence),
             Ok(mut request) => {
                 for (name, value) in &context {

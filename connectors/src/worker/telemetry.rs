@@ -5,7 +5,7 @@
 //! | metric | type | labels | meaning |
 //! | --- | --- | --- | --- |
 //! | `airlock_connector_commands_total` | counter | `result` | records handled: `COMMITTED`, `FAILED`, `UNKNOWN` (executed), `RECONCILED_*`, `DEAD_LETTERED`, `DUPLICATE`, `FENCED`, `ABANDONED` |
-//! | `airlock_connector_refused_total` | counter | `reason` | commands dead-lettered, by refusal (`FORGED`, `UNSIGNED`, `EXPIRED`, ...) |
+//! | `airlock_connector_refused_total` | counter | `reason` | commands dead-lettered, by refusal (`FORGED`, `UNSIGNED`, `ARGUMENTS_ALTERED`, ...) |
 //! | `airlock_connector_call_duration_seconds` | histogram | `call`, `result` | one downstream exchange: `execute` or `reconcile`, by what it proved |
 //! | `airlock_connector_partitions_owned` | gauge | | dispatch partitions this worker owns |
 //! | `airlock_connector_consumer_errors_total` | counter | `code` | errors the dispatch consumer reported (librdkafka's code) |

@@ -64,9 +64,11 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &proposal.operation_key,
         payload: Codec::new().encode_single_object(&proposal)?,
         reply_to: &proposal.proposal_id,
-        // Any answer about this proposal, but not a refusal of another proposal that reused
-        // its id (`r/...`).
-        done: |d| !d.decision_id.starts_with("r/"),
+        // The proposal's own answer (`p/<id>`, or `x/...` for a record refused before it was
+        // decided); not a later settlement of its intent (`e/...`, which replies to the
+        // proposal too: a resend after COMMITTED must show ACCEPTED, not a "refusal"), nor a
+        // refusal of another proposal that reused its id (`r/...`).
+        done: |d| d.decision_id.starts_with("p/") || d.decision_id.starts_with("x/"),
     };
     let answer =
         ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {

@@ -67,6 +67,15 @@ def test_a_refund_is_accepted_then_committed_once_however_often_it_is_sent(clien
     assert settled.result is not None, "the connector's evidence is handed back"
     committed(key)
 
+    # Sent again after it settled: still its own answer (ACCEPTED), not the settlement that
+    # also replies to it; and the same arguments built in another key order are the same
+    # proposal, not a reuse of its id.
+    reordered = refund(key, 1250)
+    reordered["arguments"] = dict(reversed(list(reordered["arguments"].items())))
+    for call in (refund(key, 1250), reordered):
+        late = client.propose(**call)
+        assert late.earlier and late.decision_id == first.decision_id, late
+
     # A new proposal of the key (another logical call, so another id) is a DUPLICATE.
     retry = client.propose(**refund(key, 1250, logical_call_id="another"))
     assert retry.verdict == "DUPLICATE", retry
