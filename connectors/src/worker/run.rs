@@ -146,7 +146,11 @@ impl ConsumerContext for Ctx {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 match self.assign(consumer, &mut shared, tpl) {
-                    Ok(()) => shared.failed_claims = 0,
+                    Ok(()) => {
+                        // A good claim (a rebalance during the pause) needs no rejoin.
+                        shared.failed_claims = 0;
+                        shared.rejoin_at = None;
+                    }
                     Err(e) if e.is_transient() => {
                         let pause = REJOIN_PAUSE
                             .saturating_mul(1 << shared.failed_claims.min(4))
