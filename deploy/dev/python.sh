@@ -19,7 +19,9 @@ fi
 stamp="$venv/.deps-$(sha256sum "$root/clients/python/pyproject.toml" | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "confluent-kafka>=2.6" "fastavro>=1.9" "pytest>=7" "setuptools>=61" wheel >&2
+    "confluent-kafka>=2.6" "fastavro>=1.9" "mcp>=2.3" "uvicorn>=0.31" "langchain-core>=0.3" \
+    "openai-agents>=0.2" "pytest>=7" \
+    "setuptools>=61" wheel >&2
   rm -f "$venv"/.deps-*
   touch "$stamp"
 fi

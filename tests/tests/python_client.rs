@@ -1,7 +1,7 @@
-//! The Python client (`clients/python`) against a real broker, processor, connector worker
-//! and the reference ledger: its integration tests (`clients/python/tests/integration`) run
-//! with this test's brokers and topics, then the ledger is checked for one business effect per
-//! refund they saw committed.
+//! The Python client (`clients/python`) and its MCP gateway against a real broker, processor,
+//! connector worker and the reference ledger: their integration tests
+//! (`clients/python/tests/integration`) run with this test's brokers, topics and tool registry,
+//! then the ledger is checked for one business effect per refund they saw committed.
 //!
 //! The interpreter is `$AIRLOCK_PYTHON`, by default the virtual environment
 //! `deploy/dev/python.sh` prepares (`$HOME/.cache/airlock/python`).
@@ -60,6 +60,7 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_REPORT", &report)
+        .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let _ = processor.kill();

@@ -23,6 +23,10 @@ class AsyncClient:
     async def wait_settled(self, operation_key: str, **kwargs: Any) -> Settlement:
         return await self._run(self.sync.wait_settled, operation_key, **kwargs)
 
+    def latest_reply(self, answer: Decision) -> Decision:
+        """:meth:`Client.latest_reply` (no wait: it reads what the reader has read)."""
+        return self.sync.latest_reply(answer)
+
     async def close(self) -> None:
         await self._run(self.sync.close)
 

@@ -553,6 +553,22 @@ class Client:
             raise Refused(decision)
         return decision
 
+    def latest_reply(self, answer: Decision) -> Decision:
+        """The latest decision replying to the proposal ``answer`` answered (an approval's
+        dispatch, an approval rejected or expired, a settlement), from what the reader has
+        read; ``answer`` itself when nothing came after it."""
+        with self._reader.lock:
+            replies = list(self._reader.replies.get(answer.in_reply_to, []))
+        later = [
+            d
+            for d in replies
+            if d.partition == answer.partition
+            and d.operation_key == answer.operation_key
+            and d.offset > answer.offset
+            and not d.decision_id.startswith("r/")
+        ]
+        return later[-1] if later else answer
+
     def wait_settled(
         self,
         operation_key: str,

@@ -3,10 +3,12 @@
 //! operation key) and prints the processor's answer. For operators and smoke tests; agents
 //! publish their own records.
 //!
-//! Exit status: zero when the proposal was accepted, is waiting for approval, or was answered
-//! from an earlier decision (DUPLICATE, IN_PROGRESS); non-zero when it was refused or no answer
-//! came in time. The proposal id is derived from the proposal's identity (key, arguments,
-//! principal, run, logical call) unless given, so running the same command again is a resend.
+//! Exit status: zero when the proposal was accepted, is waiting for approval, was answered
+//! from an earlier decision (DUPLICATE, IN_PROGRESS), or is a resend of one whose intent has
+//! since committed; non-zero when it was refused, its intent ended otherwise (FAILED, UNKNOWN,
+//! EXPIRED, CANCELLED: said as such, not as a refusal) or no answer came in time. The
+//! proposal id is derived from the proposal's identity (key, arguments, principal, run,
+//! logical call) unless given, so running the same command again is a resend.
 
 use std::io::Write;
 
@@ -64,11 +66,9 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         operation_key: &proposal.operation_key,
         payload: Codec::new().encode_single_object(&proposal)?,
         reply_to: &proposal.proposal_id,
-        // The proposal's own answer (`p/<id>`, or `x/...` for a record refused before it was
-        // decided); not a later settlement of its intent (`e/...`, which replies to the
-        // proposal too: a resend after COMMITTED must show ACCEPTED, not a "refusal"), nor a
-        // refusal of another proposal that reused its id (`r/...`).
-        done: |d| d.decision_id.starts_with("p/") || d.decision_id.starts_with("x/"),
+        // Any answer about this proposal (the latest shows where its intent stands: approved,
+        // committed), but not a refusal of another proposal that reused its id (`r/...`).
+        done: |d| !d.decision_id.starts_with("r/"),
     };
     let answer =
         ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {
@@ -84,16 +84,29 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     if let Some(hash) = &answer.arguments_hash {
         writeln!(out, "arguments_hash: {hash}")?;
     }
-    anyhow::ensure!(
-        matches!(
-            answer.verdict,
-            Verdict::Accepted | Verdict::PendingApproval | Verdict::Duplicate | Verdict::InProgress
+    match answer.verdict {
+        // Accepted, waiting, answered from an earlier decision, or (a resend of a proposal
+        // whose intent since committed) done.
+        Verdict::Accepted
+        | Verdict::PendingApproval
+        | Verdict::Duplicate
+        | Verdict::InProgress
+        | Verdict::Committed => Ok(()),
+        // A resend of a proposal whose intent has since ended otherwise: not a refusal.
+        Verdict::Failed | Verdict::Unknown | Verdict::Expired | Verdict::Cancelled => {
+            anyhow::bail!(
+                "the proposal {} was accepted before; its intent is {} ({})",
+                proposal.proposal_id,
+                answer.verdict.as_str(),
+                answer.reason.as_str()
+            )
+        }
+        _ => anyhow::bail!(
+            "the processor refused the proposal {}: {}",
+            proposal.proposal_id,
+            answer.reason.as_str()
         ),
-        "the processor refused the proposal {}: {}",
-        proposal.proposal_id,
-        answer.reason.as_str()
-    );
-    Ok(())
+    }
 }
 
 fn proposal(args: &Args, now: i64) -> anyhow::Result<ToolProposal> {

@@ -1,0 +1,80 @@
+"""The MCP gateway, launched over stdio by the official MCP SDK's client, against the live
+Airlock of ``tests/tests/python_client.rs`` (which also passes ``AIRLOCK_TEST_REGISTRY``, the
+tool registry its processor runs with)."""
+
+import asyncio
+import os
+import sys
+import uuid
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from test_live import committed
+
+RUN = uuid.uuid4().hex[:8]
+
+
+def gateway():
+    return StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m", "airlock_client.mcp_gateway",
+            "--brokers", os.environ["AIRLOCK_TEST_BROKERS"],
+            "--topic-prefix", os.environ["AIRLOCK_TEST_PREFIX"],
+            "--registry", os.environ["AIRLOCK_TEST_REGISTRY"],
+            "--tenant", "acme",
+            "--principal", "agent-support-1",
+            "--wait-seconds", "90",
+        ],
+    )
+
+
+def refund(minor_units, idempotency_key=None):
+    arguments = {
+        "tenant_id": "acme",
+        "account_id": "acct-42",
+        "amount": {"minor_units": minor_units, "currency": "EUR"},
+    }
+    if idempotency_key is not None:
+        arguments["airlock_idempotency_key"] = idempotency_key
+    return arguments
+
+
+def test_an_agent_calls_airlock_tools_over_mcp():
+    async def main():
+        async with Client(gateway(), read_timeout_seconds=120) as mcp:
+            tools = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert "refund" in tools, tools.keys()
+            schema = tools["refund"].input_schema
+            assert "airlock_idempotency_key" in schema["properties"]
+            assert "amount" in schema["properties"]
+
+            # Committed, with the downstream answer marked untrusted.
+            first = await mcp.call_tool("refund", refund(900, f"mcp-{RUN}-1"))
+            assert not first.is_error, first
+            assert first.structured_content["status"] == "committed", first
+            assert "<untrusted>" in first.content[0].text
+            key = first.structured_content["operation_key"]
+            assert key == f"refund:mcp-{RUN}-1"
+            committed(key)
+
+            # The same call again: attached to the same effect, not run twice.
+            again = await mcp.call_tool("refund", refund(900, f"mcp-{RUN}-1"))
+            assert again.structured_content["status"] == "committed", again
+            assert again.structured_content["receipt"] == first.structured_content["receipt"]
+
+            # The same id with other arguments is refused, and so is what policy forbids.
+            other = await mcp.call_tool("refund", refund(901, f"mcp-{RUN}-1"))
+            assert other.is_error and other.structured_content["verdict"] == "CONFLICT", other
+            too_big = await mcp.call_tool("refund", refund(5_000_000, f"mcp-{RUN}-2"))
+            assert too_big.is_error and too_big.structured_content["status"] == "refused", too_big
+            unknown = await mcp.call_tool("no_such_tool", {})
+            assert unknown.is_error and unknown.structured_content["reason"] == "UNKNOWN_TOOL"
+
+            # Without an idempotency key: one effect per request.
+            plain = await mcp.call_tool("refund", refund(902))
+            assert plain.structured_content["status"] == "committed", plain
+            committed(plain.structured_content["operation_key"])
+
+    asyncio.run(main())
