@@ -78,3 +78,41 @@ def test_an_agent_calls_airlock_tools_over_mcp():
             committed(plain.structured_content["operation_key"])
 
     asyncio.run(main())
+
+
+def test_the_gateway_over_streamable_http():
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    params = gateway()
+    process = subprocess.Popen(
+        [params.command, *params.args, "--http", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.stderr.read().decode()
+                assert time.monotonic() < deadline, "the gateway did not listen"
+                time.sleep(0.2)
+
+        async def main():
+            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as mcp:
+                assert "refund" in {t.name for t in (await mcp.list_tools()).tools}
+                done = await mcp.call_tool("refund", refund(910, f"mcp-{RUN}-http"))
+                assert done.structured_content["status"] == "committed", done
+                committed(done.structured_content["operation_key"])
+
+        asyncio.run(main())
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
