@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: installs what is missing (idempotently), then
-# the Python client's contract tests, rustfmt, clippy with warnings denied, rustdoc with
-# warnings denied (broken or ambiguous intra-doc links), and every test of the workspace (among
-# them the Python client against a live Airlock, tests/tests/python_client.rs).
+# The whole test suite, as CI runs it: installs what is missing (idempotently), then rustfmt,
+# clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous intra-doc
+# links), the Python client's contract tests, and every test of the workspace (among them the
+# Python client, its MCP gateway and adapters against a live Airlock, tests/python_client.rs).
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
@@ -32,11 +32,12 @@ if [ "${AIRLOCK_TEST_BROKER:-kafka}" = "tansu" ]; then
   "$root/deploy/broker/tansu/install.sh" >/dev/null
 fi
 
-step "the Python client: its environment, and its contract tests against the shared vectors"
-AIRLOCK_PYTHON="$("$here/python.sh")"
-export AIRLOCK_PYTHON
-"$AIRLOCK_PYTHON" -m pytest -q -p no:cacheprovider "$root/clients/python/tests" \
-  --ignore="$root/clients/python/tests/integration"
+# The Python client's environment is prepared in the background while Rust builds (on a
+# fresh machine its downloads take a minute).
+python_out="$(mktemp)"
+python_err="$(mktemp)"
+"$here/python.sh" >"$python_out" 2>"$python_err" &
+python_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -46,6 +47,18 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo doc --no-deps (warnings denied)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps --locked
+
+step "the Python client: its environment, and its contract tests against the shared vectors"
+if ! wait "$python_pid"; then
+  cat "$python_err" >&2
+  echo "test.sh: preparing the Python environment failed (deploy/dev/python.sh)" >&2
+  exit 1
+fi
+AIRLOCK_PYTHON="$(cat "$python_out")"
+export AIRLOCK_PYTHON
+rm -f "$python_out" "$python_err"
+"$AIRLOCK_PYTHON" -m pytest -q -p no:cacheprovider "$root/clients/python/tests" \
+  --ignore="$root/clients/python/tests/integration"
 
 step "cargo test"
 # Every test binary runs even after a failure, so that one run reports every failure.

@@ -369,6 +369,27 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     );
     let evidence = expired[1].evidence.as_deref().unwrap_or_default();
     assert!(evidence.starts_with("not called: expired"), "{evidence}");
+    // Asked to look it up (the processor timed the attempt out meanwhile), the worker knows
+    // the answer without a lookup.
+    let lookup = reconcile("refund:expired", now, Some(&keys.key));
+    a.send_raw(
+        &producer,
+        &topic,
+        Some(b"refund:expired"),
+        &codec.encode_single_object(&lookup)?,
+    )
+    .await?;
+    let answered = eventually("the lookup answered", WAIT, async || {
+        Ok(outcomes_of(&a, "refund:expired")?
+            .into_iter()
+            .find(|o| o.kind == OutcomeKind::ReconciledFailed))
+    })
+    .await?;
+    let evidence = answered.evidence.as_deref().unwrap_or_default();
+    assert!(
+        evidence.starts_with("not called: this connector failed attempt 1"),
+        "{evidence}"
+    );
     assert_eq!(ledger.effects_for("refund:expired").await?, 0);
     assert_eq!(ledger.effects_total().await?, 1);
     assert!(worker.stop()?);

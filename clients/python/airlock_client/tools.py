@@ -37,7 +37,7 @@ except ImportError:  # Python 3.10
 
 from .aio import AsyncClient
 from .canonical import CanonicalError
-from .client import SETTLING, AirlockError, Refused, Settlement, TimedOut
+from .client import SETTLING, AirlockError, Decision, Refused, Settlement, TimedOut
 
 #: The input property that names the call's idempotency key.
 IDEMPOTENCY_ARGUMENT = "airlock_idempotency_key"
@@ -151,6 +151,16 @@ def _refused(text: str, **structured: Any) -> ToolResult:
     return ToolResult(f"refused: {text}", {"status": "refused", **structured}, is_error=True)
 
 
+def _not_run(key: str, d: Decision) -> ToolResult:
+    return _refused(
+        f"{key} was not run ({d.verdict} {d.reason}: {d.detail})",
+        operation_key=key,
+        verdict=d.verdict,
+        reason=d.reason,
+        detail=d.detail,
+    )
+
+
 class AirlockTools:
     """The registry's tools over one Airlock client, for one tenant and principal (fixed by
     whoever builds it: an agent cannot choose them) and one agent run."""
@@ -207,14 +217,7 @@ class AirlockTools:
                 path=e.path,
             )
         except Refused as refused:
-            d = refused.decision
-            return _refused(
-                f"{key} was not run ({d.verdict} {d.reason}: {d.detail})",
-                operation_key=key,
-                verdict=d.verdict,
-                reason=d.reason,
-                detail=d.detail,
-            )
+            return _not_run(key, refused.decision)
         except TimedOut:
             return describe(None, key, "in progress")
         except AirlockError as e:
@@ -225,13 +228,7 @@ class AirlockTools:
             if latest.verdict == "PENDING_APPROVAL":
                 return describe(None, key, "awaiting approval")
             if latest.verdict not in ("ACCEPTED", "DUPLICATE", "IN_PROGRESS", *SETTLING):
-                return _refused(
-                    f"{key} was not run ({latest.verdict} {latest.reason}: {latest.detail})",
-                    operation_key=key,
-                    verdict=latest.verdict,
-                    reason=latest.reason,
-                    detail=latest.detail,
-                )
+                return _not_run(key, latest)
         # ACCEPTED, or DUPLICATE / IN_PROGRESS of an earlier call of the key: attach.
         try:
             settled = await self.client.wait_settled(key, timeout=self.wait_seconds)

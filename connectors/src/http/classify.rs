@@ -34,14 +34,22 @@ pub struct Observation {
     pub provider_reference: Option<String>,
 }
 
+/// How the evidence of an attempt failed without a call begins.
+pub const NOT_CALLED: &str = "not called: ";
+
 impl Observation {
     /// No call was made: proof of no effect.
     pub fn not_called(why: impl std::fmt::Display, max_evidence: usize) -> Observation {
         Observation {
             proof: Proof::Failed,
-            evidence: bounded(&format!("not called: {why}"), max_evidence),
+            evidence: bounded(&format!("{NOT_CALLED}{why}"), max_evidence),
             provider_reference: None,
         }
+    }
+
+    /// True for [`Observation::not_called`].
+    pub fn was_not_called(&self) -> bool {
+        self.proof == Proof::Failed && self.evidence.starts_with(NOT_CALLED)
     }
 }
 

@@ -17,7 +17,9 @@
 //! 5. produce COMMITTED, FAILED or UNKNOWN with bounded evidence.
 //!
 //! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
-//! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN. Nothing is ever retried.
+//! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN; for an attempt this connector
+//! started and failed before calling (learnt from the outcomes like the started epochs), it is
+//! answered RECONCILED_FAILED without a lookup. Nothing is ever retried.
 //!
 //! Each command is handled in a span whose parent is the trace context of the dispatch record
 //! (`traceparent`, written by the processor's decision): the outcomes and dead letters it
@@ -163,7 +165,7 @@ impl Handler {
                         );
                         Handled::Fenced
                     }
-                    Ok(()) => self.reconcile(&cx, source.partition, &cmd)?,
+                    Ok(()) => self.reconcile(&cx, source.partition, &cmd, started)?,
                 };
                 commit();
                 Ok(handled)
@@ -307,6 +309,9 @@ impl Handler {
             }
         };
         let kind = report::kind_of(&observation, false);
+        if observation.was_not_called() {
+            started.record_unsent(key, cmd.epoch);
+        }
         self.telemetry
             .call_duration
             .observe(&["execute", kind.as_str()], began.elapsed().as_secs_f64());
@@ -334,12 +339,30 @@ impl Handler {
         Ok(Handled::Executed(kind))
     }
 
-    fn reconcile(&self, cx: &Context, partition: i32, cmd: &ReconcileCommand) -> Result<Handled> {
+    fn reconcile(
+        &self,
+        cx: &Context,
+        partition: i32,
+        cmd: &ReconcileCommand,
+        started: &Started,
+    ) -> Result<Handled> {
         let key = cmd.operation_key.as_str();
         let began = Instant::now();
-        let observation = self
-            .runtime
-            .block_on(self.http.reconcile(cmd, self.reconcile_timeout));
+        // An attempt this connector started and failed before any call (it expired in the
+        // queue, typically, while the processor timed it out and asked): the answer is known,
+        // and a lookup per such attempt is what turns a backlog into an overload.
+        let observation = if started.failed_unsent(key, cmd.epoch) {
+            Observation::not_called(
+                format!(
+                    "this connector failed attempt {} before calling downstream",
+                    cmd.epoch
+                ),
+                self.http.max_evidence(),
+            )
+        } else {
+            self.runtime
+                .block_on(self.http.reconcile(cmd, self.reconcile_timeout))
+        };
         let kind = report::kind_of(&observation, true);
         self.telemetry
             .call_duration

@@ -15,6 +15,8 @@ use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::scan;
 use airlock_processor::runtime::wire::{self, OutRecord};
 use airlock_schemas::{Codec, Outcome, OutcomeKind};
+
+use crate::http::classify::NOT_CALLED;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -56,10 +58,14 @@ impl Error {
     }
 }
 
-/// The highest started attempt epoch per operation key, on one partition.
+/// The highest started attempt epoch per operation key, on one partition, and the attempts
+/// this connector failed without calling downstream.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Started {
     epochs: HashMap<String, i64>,
+    /// Per key, the latest epoch failed "not called" (started, then failed before any call):
+    /// a lookup for it needs no downstream call, the answer is known.
+    unsent: HashMap<String, i64>,
 }
 
 impl Started {
@@ -78,6 +84,17 @@ impl Started {
         *e = (*e).max(epoch);
     }
 
+    /// Records that `epoch` of `key` was started and failed without a call.
+    pub fn record_unsent(&mut self, key: &str, epoch: i64) {
+        let e = self.unsent.entry(key.to_owned()).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    /// True when this connector failed `epoch` of `key` without calling downstream.
+    pub fn failed_unsent(&self, key: &str, epoch: i64) -> bool {
+        self.unsent.get(key) == Some(&epoch)
+    }
+
     pub fn len(&self) -> usize {
         self.epochs.len()
     }
@@ -86,10 +103,23 @@ impl Started {
         self.epochs.is_empty()
     }
 
-    /// Takes one outcome read back: only `ATTEMPT_STARTED` of `connector` counts.
+    /// Takes one outcome read back: `ATTEMPT_STARTED` of `connector`, and its FAILED "not
+    /// called" ones.
     pub fn learn(&mut self, connector: &str, outcome: &Outcome) {
-        if outcome.kind == OutcomeKind::AttemptStarted && outcome.connector == connector {
-            self.record(&outcome.operation_key, outcome.epoch);
+        if outcome.connector != connector {
+            return;
+        }
+        match outcome.kind {
+            OutcomeKind::AttemptStarted => self.record(&outcome.operation_key, outcome.epoch),
+            OutcomeKind::Failed
+                if outcome
+                    .evidence
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with(NOT_CALLED)) =>
+            {
+                self.record_unsent(&outcome.operation_key, outcome.epoch);
+            }
+            _ => {}
         }
     }
 }
@@ -221,6 +251,23 @@ mod tests {
             &outcome("k", 5, OutcomeKind::AttemptStarted, "http"),
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn attempts_failed_without_a_call_are_known_per_epoch() {
+        let mut s = Started::default();
+        let mut failed = outcome("k", 2, OutcomeKind::Failed, "ledger");
+        failed.evidence = Some("not called: expired: read 40 ms after the attempt deadline".into());
+        s.learn("ledger", &failed);
+        assert!(s.failed_unsent("k", 2));
+        assert!(!s.failed_unsent("k", 1));
+        // A failure the downstream reported is no such knowledge, nor another connector's.
+        let mut declined = outcome("j", 1, OutcomeKind::Failed, "ledger");
+        declined.evidence = Some("HTTP 422: declined".into());
+        s.learn("ledger", &declined);
+        failed.operation_key = "h".into();
+        s.learn("http", &failed);
+        assert!(!s.failed_unsent("j", 1) && !s.failed_unsent("h", 2));
     }
 
     /// A claim that fails on these is tried again after rejoining; only fatal ones stop the

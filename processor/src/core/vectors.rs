@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use airlock_schemas::{
-    Codec, Decision, EffectState, Outcome, OutcomeKind, Reason, RecordKind, SchemaIds,
+    Codec, Decision, EffectState, Outcome, OutcomeKind, Reason, Record, RecordKind, SchemaIds,
     ToolProposal, Verdict,
 };
 use serde_json::{Value, json};
@@ -191,39 +191,22 @@ fn avro_vectors() -> Value {
             .expect("distinct ids");
     }
     let codec = Codec::new().with_schema_ids(ids);
-    let entry = |record: &str, kind: RecordKind, value: Value, single: Vec<u8>, conf: Vec<u8>| {
-        json!({
-            "record": record,
-            "value": value,
-            "single_object": hex::encode(single),
-            "confluent_schema_id": SCHEMA_ID + kind as u32,
-            "confluent": hex::encode(conf),
-        })
-    };
-    let (p, d, o) = (proposal(), decision(), outcome());
     json!([
-        entry(
-            "ToolProposal",
-            RecordKind::ToolProposal,
-            serde_json::to_value(&p).expect("json"),
-            codec.encode_single_object(&p).expect("encodes"),
-            codec.encode_confluent(&p).expect("encodes"),
-        ),
-        entry(
-            "Decision",
-            RecordKind::Decision,
-            serde_json::to_value(&d).expect("json"),
-            codec.encode_single_object(&d).expect("encodes"),
-            codec.encode_confluent(&d).expect("encodes"),
-        ),
-        entry(
-            "Outcome",
-            RecordKind::Outcome,
-            serde_json::to_value(&o).expect("json"),
-            codec.encode_single_object(&o).expect("encodes"),
-            codec.encode_confluent(&o).expect("encodes"),
-        ),
+        avro_entry(&codec, &proposal()),
+        avro_entry(&codec, &decision()),
+        avro_entry(&codec, &outcome()),
     ])
+}
+
+/// One record as JSON and in both framings (Confluent with its id in `codec`).
+fn avro_entry<T: Record>(codec: &Codec, value: &T) -> Value {
+    json!({
+        "record": T::NAME,
+        "value": serde_json::to_value(value).expect("json"),
+        "single_object": hex::encode(codec.encode_single_object(value).expect("encodes")),
+        "confluent_schema_id": SCHEMA_ID + T::KIND as u32,
+        "confluent": hex::encode(codec.encode_confluent(value).expect("encodes")),
+    })
 }
 
 /// One record's `airlock-kind` and `airlock-owner-epoch` headers, when present.
