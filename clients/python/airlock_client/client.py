@@ -321,8 +321,7 @@ class _Reader(threading.Thread):
             return
         with self.lock:
             self._index(self.replies, decision.in_reply_to, decision)
-            if decision.verdict in SETTLING:
-                self._index(self.by_key, decision.operation_key, decision)
+            self._index(self.by_key, decision.operation_key, decision)
             self._resolve(self.decisions, partition, decision)
 
     def _take_outcome(self, payload: bytes) -> None:
@@ -344,7 +343,7 @@ class _Reader(threading.Thread):
     def _index(self, index: "OrderedDict[str, List[Decision]]", key: str, d: Decision) -> None:
         entries = index.setdefault(key, [])
         entries.append(d)
-        del entries[:-16]  # the latest few per key are what any caller asks about
+        del entries[:-32]  # the latest few per key are what any caller asks about
         index.move_to_end(key)
         while len(index) > self.capacity:
             index.popitem(last=False)
@@ -554,11 +553,12 @@ class Client:
         return decision
 
     def latest_reply(self, answer: Decision) -> Decision:
-        """The latest decision replying to the proposal ``answer`` answered (an approval's
-        dispatch, an approval rejected or expired, a settlement), from what the reader has
-        read; ``answer`` itself when nothing came after it."""
+        """The latest decision about ``answer``'s operation key after it (an approval's
+        dispatch, an approval rejected or expired, a settlement: these reply to the intent's
+        first proposal, whichever proposal this was), from what the reader has read;
+        ``answer`` itself when nothing came after it."""
         with self._reader.lock:
-            replies = list(self._reader.replies.get(answer.in_reply_to, []))
+            replies = list(self._reader.by_key.get(answer.operation_key, []))
         later = [
             d
             for d in replies

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -49,10 +51,22 @@ def build_server(tools: AirlockTools) -> Server:
             ]
         )
 
+    # Request ids restart with each session: a call without an idempotency key is keyed by its
+    # session (the streamable HTTP session id, else a random id per connection) and request id.
+    sessions: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+    def session_of(ctx: Any) -> str:
+        headers = getattr(getattr(ctx, "request", None), "headers", None)
+        if headers is not None and headers.get("mcp-session-id"):
+            return str(headers["mcp-session-id"])
+        try:
+            return sessions.setdefault(ctx.session, secrets.token_hex(8))
+        except TypeError:  # a session object that takes no weak reference
+            return f"s{id(ctx.session)}"
+
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        session = getattr(ctx, "session_id", None) or tools.run_id
-        result = await tools.call(params.name, params.arguments, f"{session}/{ctx.request_id}")
-        return _result(result)
+        call_id = f"{tools.run_id}/{session_of(ctx)}/{ctx.request_id}"
+        return _result(await tools.call(params.name, params.arguments, call_id))
 
     return Server(
         "airlock",

@@ -109,18 +109,37 @@ def input_schema(tool: RegistryTool) -> Dict[str, Any]:
     return schema
 
 
-def describe(settlement: Optional[Settlement], key: str, pending: Optional[str]) -> ToolResult:
+def _again(idempotency: str) -> str:
+    return f'call again with {IDEMPOTENCY_ARGUMENT}="{idempotency}"'
+
+
+def describe(
+    settlement: Optional[Settlement],
+    key: str,
+    pending: Optional[str],
+    idempotency: Optional[str] = None,
+) -> ToolResult:
     """The result of a call whose proposal was not refused: ``pending`` (``awaiting
-    approval``, ``in progress``) or how it settled."""
+    approval``, ``in progress``, ``outcome unknown``) or how it settled. ``idempotency``: the
+    value to call again with (by default the part of ``key`` after the tool name)."""
+    idempotency = idempotency or key.split(":", 1)[-1]
+    ids = {"operation_key": key, IDEMPOTENCY_ARGUMENT: idempotency}
+    if pending == "outcome unknown":
+        return ToolResult(
+            f"outcome unknown: {key} may or may not have taken effect. Do NOT retry it under a "
+            f"new id: Airlock is reconciling it with the downstream system; {_again(idempotency)} "
+            "later to learn the result.",
+            {**ids, "status": "unknown"},
+        )
     if pending is not None:
         return ToolResult(
-            f"{pending}: {key} is not settled yet. Call again with the same "
-            f"{IDEMPOTENCY_ARGUMENT} to attach to it; do not issue it under a new id.",
-            {"status": pending.replace(" ", "_"), "operation_key": key},
+            f"{pending}: {key} is not settled yet. To attach to it, {_again(idempotency)}; "
+            "do not issue it under a new id.",
+            {**ids, "status": pending.replace(" ", "_")},
         )
     assert settlement is not None
     d = settlement.decision
-    base = {"operation_key": key, "receipt": d.receipt, "epoch": d.epoch}
+    base = {**ids, "receipt": d.receipt, "epoch": d.epoch}
     if d.verdict == "COMMITTED":
         result = settlement.result
         shown = (
@@ -131,15 +150,12 @@ def describe(settlement: Optional[Settlement], key: str, pending: Optional[str])
         )
         return ToolResult(
             f"committed: {key} took effect.{shown}",
-            {**base, "status": "committed", "result": result},
+            # Named so that code passing it on to a model knows what it is.
+            {**base, "status": "committed", "untrusted_result": result},
         )
     if d.verdict == "UNKNOWN":
-        return ToolResult(
-            f"outcome unknown: {key} may or may not have taken effect. Do NOT retry it: "
-            f"Airlock is reconciling it with the downstream system; call again with the same "
-            f"{IDEMPOTENCY_ARGUMENT} later to learn the result.",
-            {**base, "status": "unknown", "reason": d.reason},
-        )
+        unknown = describe(None, key, "outcome unknown", idempotency)
+        return ToolResult(unknown.text, {**base, **unknown.structured, "reason": d.reason})
     return ToolResult(
         f"{d.verdict.lower()}: {key} did not take effect ({d.reason}: {d.detail})",
         {**base, "status": d.verdict.lower(), "reason": d.reason, "detail": d.detail},
@@ -152,8 +168,10 @@ def _refused(text: str, **structured: Any) -> ToolResult:
 
 
 def _not_run(key: str, d: Decision) -> ToolResult:
+    # "This call", not "the effect": a refusal (policy, a conflict) can come for a key whose
+    # effect an earlier call made.
     return _refused(
-        f"{key} was not run ({d.verdict} {d.reason}: {d.detail})",
+        f"this call of {key} was not run ({d.verdict} {d.reason}: {d.detail})",
         operation_key=key,
         verdict=d.verdict,
         reason=d.reason,
@@ -217,21 +235,28 @@ class AirlockTools:
                 path=e.path,
             )
         except Refused as refused:
-            return _not_run(key, refused.decision)
+            if refused.decision.verdict != "AMBIGUOUS":
+                return _not_run(key, refused.decision)
+            # The key's effect is UNKNOWN (a retry of a call whose outcome is not known yet):
+            # never "not run"; attach to it.
+            decision = refused.decision
         except TimedOut:
             return describe(None, key, "in progress")
         except AirlockError as e:
             return self._unavailable(key, e)
         if decision.verdict == "PENDING_APPROVAL":
             # Answered before (a retry of the call): where does it stand since?
-            latest = self.client.latest_reply(decision)
-            if latest.verdict == "PENDING_APPROVAL":
+            decision = self.client.latest_reply(decision)
+            if decision.verdict == "PENDING_APPROVAL":
                 return describe(None, key, "awaiting approval")
-            if latest.verdict not in ("ACCEPTED", "DUPLICATE", "IN_PROGRESS", *SETTLING):
-                return _not_run(key, latest)
-        # ACCEPTED, or DUPLICATE / IN_PROGRESS of an earlier call of the key: attach.
+            if decision.verdict not in ("ACCEPTED", "DUPLICATE", "IN_PROGRESS", *SETTLING):
+                return _not_run(key, decision)
+        # ACCEPTED, AMBIGUOUS, or DUPLICATE / IN_PROGRESS of an earlier call of the key: attach,
+        # to this attempt (an older attempt's settlement is not this one's).
         try:
-            settled = await self.client.wait_settled(key, timeout=self.wait_seconds)
+            settled = await self.client.wait_settled(
+                key, epoch=decision.epoch, timeout=self.wait_seconds
+            )
         except TimedOut:
             return describe(None, key, "in progress")
         except AirlockError as e:
@@ -240,9 +265,10 @@ class AirlockTools:
 
     @staticmethod
     def _unavailable(key: str, e: Exception) -> ToolResult:
+        idempotency = key.split(":", 1)[-1]
         return ToolResult(
-            f"unavailable: Airlock could not be reached ({e}). Calling again with the same "
-            f"{IDEMPOTENCY_ARGUMENT} is safe.",
-            {"status": "unavailable", "operation_key": key},
+            f"unavailable: Airlock could not be reached ({e}). It is safe to "
+            f"{_again(idempotency)}.",
+            {"status": "unavailable", "operation_key": key, IDEMPOTENCY_ARGUMENT: idempotency},
             is_error=True,
         )

@@ -41,3 +41,59 @@ def test_answers_an_agent_cannot_misread():
     waiting = describe(None, "refund:k", "awaiting approval")
     assert not waiting.is_error and waiting.structured["status"] == "awaiting_approval"
     assert IDEMPOTENCY_ARGUMENT in waiting.text
+
+
+class FakeClient:
+    """Answers like the processor would, for the tool layer's own logic."""
+
+    def __init__(self, answer, settled=None):
+        self.answer, self.settled, self.asked = answer, settled, []
+
+    async def propose(self, **call):
+        self.asked.append(call)
+        if self.answer.verdict in ("ACCEPTED", "PENDING_APPROVAL", "DUPLICATE", "IN_PROGRESS"):
+            return self.answer
+        from airlock_client import Refused
+
+        raise Refused(self.answer)
+
+    async def wait_settled(self, key, epoch=None, timeout=0):
+        assert epoch == self.answer.epoch, "attached to the answered attempt"
+        if self.settled is None:
+            from airlock_client import TimedOut
+
+            raise TimedOut("no outcome")
+        return self.settled
+
+    def latest_reply(self, answer):
+        return answer
+
+
+def run(tools, arguments, call_id="req-1"):
+    import asyncio
+
+    return asyncio.run(tools.call("refund", arguments, call_id))
+
+
+def airlock(client):
+    from airlock_client.tools import AirlockTools
+
+    return AirlockTools(client, REPO / "deploy/config/tools.toml", tenant="acme", principal="p")
+
+
+def test_a_retry_of_an_unknown_effect_is_unknown_never_not_run():
+    unknown = Settlement(decision("UNKNOWN", "ATTEMPT_TIMED_OUT"), False)
+    client = FakeClient(decision("AMBIGUOUS", "OUTCOME_UNKNOWN"), unknown)
+    result = run(airlock(client), {"airlock_idempotency_key": "k"})
+    assert not result.is_error and result.structured["status"] == "unknown", result
+    assert 'airlock_idempotency_key="k"' in result.text
+
+
+def test_a_refusal_says_this_call_was_not_run_and_echoes_the_key_to_use():
+    result = run(airlock(FakeClient(decision("CONFLICT", "HASH_CONFLICT"))), {})
+    assert result.is_error and result.text.startswith("refused: this call of refund:req-1")
+    accepted = decision("ACCEPTED", "AUTO_APPROVED")
+    waiting = run(airlock(FakeClient(accepted, None)), {}, "req-2")
+    # No settlement within the wait: in progress, with the exact key to attach with.
+    assert waiting.structured["status"] == "in_progress"
+    assert waiting.structured["airlock_idempotency_key"] == "req-2"

@@ -79,15 +79,24 @@ impl Started {
         self.get(key).is_some_and(|started| epoch <= started)
     }
 
+    /// Records that `epoch` of `key` started. A "not called" record of this epoch or an older
+    /// one no longer holds: what started now may call.
     pub fn record(&mut self, key: &str, epoch: i64) {
         let e = self.epochs.entry(key.to_owned()).or_insert(epoch);
         *e = (*e).max(epoch);
+        if self.unsent.get(key).is_some_and(|&unsent| unsent <= epoch) {
+            self.unsent.remove(key);
+        }
     }
 
-    /// Records that `epoch` of `key` was started and failed without a call.
+    /// Records that `epoch` of `key` was started and then failed without a call. Only the
+    /// latest started epoch of the key counts, and only after its start was recorded: a
+    /// FAILED "not called" without its ATTEMPT_STARTED before it (planted, or outliving a
+    /// purged one) proves nothing.
     pub fn record_unsent(&mut self, key: &str, epoch: i64) {
-        let e = self.unsent.entry(key.to_owned()).or_insert(epoch);
-        *e = (*e).max(epoch);
+        if self.get(key) == Some(epoch) {
+            self.unsent.insert(key.to_owned(), epoch);
+        }
     }
 
     /// True when this connector failed `epoch` of `key` without calling downstream.
@@ -256,6 +265,10 @@ mod tests {
     #[test]
     fn attempts_failed_without_a_call_are_known_per_epoch() {
         let mut s = Started::default();
+        s.learn(
+            "ledger",
+            &outcome("k", 2, OutcomeKind::AttemptStarted, "ledger"),
+        );
         let mut failed = outcome("k", 2, OutcomeKind::Failed, "ledger");
         failed.evidence = Some("not called: expired: read 40 ms after the attempt deadline".into());
         s.learn("ledger", &failed);
@@ -268,6 +281,24 @@ mod tests {
         failed.operation_key = "h".into();
         s.learn("http", &failed);
         assert!(!s.failed_unsent("j", 1) && !s.failed_unsent("h", 2));
+
+        // A later start of the key (or the same epoch started again) voids it.
+        s.learn(
+            "ledger",
+            &outcome("k", 3, OutcomeKind::AttemptStarted, "ledger"),
+        );
+        assert!(!s.failed_unsent("k", 2));
+        // A "not called" without its own start before it proves nothing: planted ahead of a
+        // future epoch, or outliving a start that retention removed.
+        let mut planted = failed.clone();
+        planted.operation_key = "k".into();
+        planted.epoch = 4;
+        s.learn("ledger", &planted);
+        assert!(!s.failed_unsent("k", 4));
+        planted.operation_key = "fresh".into();
+        planted.epoch = 1;
+        s.learn("ledger", &planted);
+        assert!(!s.failed_unsent("fresh", 1));
     }
 
     /// A claim that fails on these is tried again after rejoining; only fatal ones stop the
