@@ -25,6 +25,20 @@ fn decisions_by_reply(a: &Airlock) -> anyhow::Result<BTreeMap<String, Decision>>
     a.proposal_replies()
 }
 
+/// Asserts that the `n` replies to proposals whose id ends with `suffix` (resends) are all
+/// IN_PROGRESS.
+fn assert_all_in_progress(replies: &BTreeMap<String, Decision>, suffix: &str, n: usize) {
+    let resent: Vec<&Decision> = replies
+        .values()
+        .filter(|d| d.in_reply_to.ends_with(suffix))
+        .collect();
+    assert_eq!(resent.len(), n, "{suffix}");
+    assert!(
+        resent.iter().all(|d| d.verdict == Verdict::InProgress),
+        "{resent:?}"
+    );
+}
+
 async fn await_decisions(a: &Airlock, n: usize) -> anyhow::Result<BTreeMap<String, Decision>> {
     let result = eventually(&format!("{n} decisions"), WAIT, async || {
         let d = decisions_by_reply(a)?;
@@ -304,28 +318,12 @@ async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
             .join(format!("partition-{partition}.unreadable"));
         assert!(aside.exists(), "{} kept", aside.display());
     }
-    let retries2: Vec<&Decision> = d3
-        .values()
-        .filter(|d| d.in_reply_to.ends_with("-retry2"))
-        .collect();
-    assert_eq!(retries2.len(), 5);
-    assert!(
-        retries2.iter().all(|d| d.verdict == Verdict::InProgress),
-        "{retries2:?}"
-    );
+    assert_all_in_progress(&d3, "-retry2", 5);
 
     for (reply, decision) in &d {
         assert_eq!(d2[reply].verdict, decision.verdict, "{reply}");
     }
-    let retries: Vec<&Decision> = d2
-        .values()
-        .filter(|d| d.in_reply_to.ends_with("-retry1"))
-        .collect();
-    assert_eq!(retries.len(), 20);
-    assert!(
-        retries.iter().all(|d| d.verdict == Verdict::InProgress),
-        "{retries:?}"
-    );
+    assert_all_in_progress(&d2, "-retry1", 20);
     let dispatches = a.dispatches()?;
     assert_eq!(dispatches.len(), keys.len());
     Ok(())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -467,8 +468,6 @@ class Client:
     ) -> Dict[str, Any]:
         """The ToolProposal record for a call, without sending it. ``arguments`` is a JSON
         text or a mapping; it must have a canonical form (:class:`CanonicalError` if not)."""
-        import json
-
         text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         # The canonical text goes on the wire: the processor tells a resend from a reuse of the
         # id by the raw text, so two processes that build the same arguments in another key
