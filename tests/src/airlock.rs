@@ -31,7 +31,8 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A broker with Airlock's topics under a prefix of its own, and a state root for processors.
 pub struct Airlock {
-    pub broker: Broker,
+    /// Shared with every [`Airlock::alongside`] of this one.
+    pub broker: Arc<Broker>,
     pub config: Config,
     pub names: Names,
     state_root: tempfile::TempDir,
@@ -77,6 +78,25 @@ impl Airlock {
     /// [`Airlock::start_with`] on a broker the test started itself (a cluster, a container).
     pub async fn on(
         broker: Broker,
+        test: &str,
+        partitions: i32,
+        options: Options,
+    ) -> anyhow::Result<Airlock> {
+        Self::on_shared(Arc::new(broker), test, partitions, options).await
+    }
+
+    /// Another set of Airlock's topics, under a prefix of its own, on this one's broker.
+    pub async fn alongside(
+        &self,
+        test: &str,
+        partitions: i32,
+        options: Options,
+    ) -> anyhow::Result<Airlock> {
+        Self::on_shared(self.broker.clone(), test, partitions, options).await
+    }
+
+    async fn on_shared(
+        broker: Arc<Broker>,
         test: &str,
         partitions: i32,
         options: Options,
@@ -443,6 +463,7 @@ impl Airlock {
                 headers,
                 admit,
                 producer_time: matches!(m.timestamp(), rdkafka::Timestamp::CreateTime(_)),
+                timestamp: m.timestamp().to_millis(),
             });
         }
         out.sort_by_key(|r| (r.partition, r.offset));
@@ -615,6 +636,8 @@ pub struct Read {
     /// The broker served the record with its producer's timestamp (CreateTime), not its own
     /// append time.
     pub producer_time: bool,
+    /// The record's timestamp, epoch milliseconds (whichever kind).
+    pub timestamp: Option<i64>,
 }
 
 impl Read {

@@ -626,12 +626,16 @@ impl PartitionTask {
                         source,
                     })?;
             let id = format!("changelog/{partition}/{}", canonical::hex_lower(&full_key));
+            let mut headers = wire::identity("changelog", &id, partition, owner_epoch);
+            if i == last {
+                headers.push((wire::header::BATCH_END.to_owned(), b"1".to_vec()));
+            }
             changelog.push(OutRecord {
                 topic: changelog_topic.clone(),
                 partition,
                 key: Some(full_key),
                 value: Some(value),
-                headers: wire::identity("changelog", &id, partition, owner_epoch),
+                headers,
                 phase: 1,
             });
         }

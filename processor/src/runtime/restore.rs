@@ -6,6 +6,14 @@
 //! Local state is reused only when every changelog record after the position it last knew was
 //! written by its own owner epoch; any record of a later owner means another task decided
 //! inputs this store has not seen, so the store is dropped and rebuilt from the changelog.
+//!
+//! Rows are applied a whole batch at a time ([`WholeBatches`]). A batch's changelog records
+//! can leave as several produce requests, and an owner that dies between them leaves a prefix
+//! of its last batch: applying that prefix would advance some rows (an input offset, the
+//! journal sequence) without the others, and the next owner would skip inputs or number events
+//! twice. The prefix is dropped instead, the inputs it covered are decided again, and the claim
+//! writes its own value of every key the prefix touched, so that later restores, which read the
+//! prefix as ordinary rows, end with the same state.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -139,6 +147,9 @@ pub struct Report {
     pub reused_local_state: bool,
     pub owner_epoch: i64,
     pub fenced_rows: u64,
+    /// Rows of the previous owner's last batch that never reached the changelog whole: not
+    /// applied (their inputs are decided again) and written over (counted in `rewritten`).
+    pub torn_rows: usize,
 }
 
 /// How many times a claim that met a concurrent claimer starts over before giving up.
@@ -244,9 +255,11 @@ impl Claim {
         // on the compacted changelog such a row outlives the valid rows of its key, so the task
         // writes its own value of each again (see `PartitionTask::rewrite_rows`).
         let mut latest_fenced = LatestFenced::default();
+        let mut batches = WholeBatches::default();
         if let Some(local) = local_epoch {
             let from = known_end.unwrap_or(low).max(low);
             self.read(partition, from, high, |_, epoch, record| {
+                let record = record.map(|r| r.record);
                 max_epoch = max_epoch.max(epoch);
                 if epoch > local {
                     stale = true;
@@ -282,25 +295,37 @@ impl Claim {
             let started = Instant::now();
             let mut last_log = Instant::now();
             let mut applied: u64 = 0;
-            self.read(partition, low, high, |offset, epoch, record| {
+            let mut committed: u64 = 0;
+            self.read(partition, low, high, |offset, epoch, row| {
                 max_epoch = max_epoch.max(epoch);
-                if let Some(record) = record {
+                if let Some(row) = row {
                     match filter_admit(&mut filter, &topic, partition, epoch, false) {
                         Admit::Accept => {
-                            latest_fenced.saw(&record, false);
-                            apply(&mut store, partition, offset, record)?;
-                            applied += 1;
-                            self.telemetry.restored_records.inc(&[]);
+                            latest_fenced.saw(&row.record, false);
+                            for (offset, record) in batches.row(offset, row) {
+                                apply(&mut store, partition, offset, record)?;
+                                applied += 1;
+                                self.telemetry.restored_records.inc(&[]);
+                            }
                         }
                         _ => {
                             report.fenced_rows += 1;
-                            latest_fenced.saw(&record, true);
+                            latest_fenced.saw(&row.record, true);
                         }
                     }
                 } else {
                     filter_admit(&mut filter, &topic, partition, epoch, true);
+                    for (offset, record) in batches.marker() {
+                        apply(&mut store, partition, offset, record)?;
+                        applied += 1;
+                        self.telemetry.restored_records.inc(&[]);
+                    }
                 }
-                if applied > 0 && applied.is_multiple_of(10_000) {
+                // Bounded memory: the staged rows are written out every 10,000 or so, at a
+                // batch boundary (a crash meanwhile leaves a store without an owner epoch,
+                // which the next claim wipes).
+                if applied >= committed + 10_000 {
+                    committed = applied;
                     store
                         .commit()
                         .map_err(|source| Error::Store { partition, source })?;
@@ -365,43 +390,56 @@ impl Claim {
 
         // 4. Catch up to our marker: records there came from the old owner before the takeover.
         let mut applied: u64 = 0;
-        self.read(
-            partition,
-            high,
-            marker_offset + 1,
-            |offset, their, record| {
-                // A later epoch, or our epoch on anything but our own marker: another
-                // instance claimed concurrently.
-                if their > epoch || (their == epoch && offset != marker_offset) {
-                    return Err(Error::Contended {
-                        partition,
-                        ours: epoch,
-                        theirs: their,
-                    });
-                }
-                match record {
-                    Some(record) => {
-                        if filter_admit(&mut filter, &topic, partition, their, false)
-                            == Admit::Accept
-                        {
-                            latest_fenced.saw(&record, false);
+        self.read(partition, high, marker_offset + 1, |offset, their, row| {
+            // A later epoch, or our epoch on anything but our own marker: another
+            // instance claimed concurrently.
+            if their > epoch || (their == epoch && offset != marker_offset) {
+                return Err(Error::Contended {
+                    partition,
+                    ours: epoch,
+                    theirs: their,
+                });
+            }
+            match row {
+                Some(row) => {
+                    if filter_admit(&mut filter, &topic, partition, their, false) == Admit::Accept {
+                        latest_fenced.saw(&row.record, false);
+                        for (offset, record) in batches.row(offset, row) {
                             apply(&mut store, partition, offset, record)?;
                             applied += 1;
                             self.telemetry.restored_records.inc(&[]);
-                        } else {
-                            report.fenced_rows += 1;
-                            latest_fenced.saw(&record, true);
                         }
+                    } else {
+                        report.fenced_rows += 1;
+                        latest_fenced.saw(&row.record, true);
                     }
-                    None => {
-                        if their != epoch {
-                            filter_admit(&mut filter, &topic, partition, their, true);
+                }
+                None => {
+                    if their != epoch {
+                        filter_admit(&mut filter, &topic, partition, their, true);
+                        for (offset, record) in batches.marker() {
+                            apply(&mut store, partition, offset, record)?;
+                            applied += 1;
+                            self.telemetry.restored_records.inc(&[]);
                         }
                     }
                 }
-                Ok(())
-            },
-        )?;
+            }
+            Ok(())
+        })?;
+        // Held rows at this claim's own marker: the previous owner's last batch, torn.
+        let torn = batches.torn();
+        report.torn_rows = torn.len();
+        self.telemetry.restore_torn_rows.add(&[], torn.len() as u64);
+        if !torn.is_empty() {
+            log::warn!(
+                "partition {partition}: the changelog ends with {} rows of a batch that never \
+                 reached it whole (offsets {} to {}): not applied; their inputs are decided again",
+                torn.len(),
+                torn[0].0,
+                torn[torn.len() - 1].0
+            );
+        }
         report.restored_rows += applied;
         store.stage_raw(
             Table::Meta,
@@ -425,7 +463,14 @@ impl Claim {
             self.codec.clone(),
             self.partitions,
         )?;
-        report.rewritten = task.rewrite_rows(&latest_fenced.keys())?;
+        let mut rewrite = latest_fenced.keys();
+        rewrite.extend(
+            torn.iter()
+                .map(|(_, r)| partition::store_table(r.table).key(&r.key)),
+        );
+        rewrite.sort();
+        rewrite.dedup();
+        report.rewritten = task.rewrite_rows(&rewrite)?;
         Ok((task, report))
     }
 
@@ -444,8 +489,6 @@ impl Claim {
         Ok(partition::read_i64(store, Table::Meta, id, partition)?)
     }
 
-    /// Reads changelog records `from..until` of `partition` in order: `visit(offset, owner
-    /// epoch, record)`, with `record == None` for a fence marker.
     /// The full store keys whose latest changelog row in `[from, until)` of `partition` an
     /// owner epoch below `owner_epoch` wrote: a zombie's rows behind this owner's fence marker
     /// (a later owner's rows mean this task is the zombie; they are left alone).
@@ -457,21 +500,23 @@ impl Claim {
         until: i64,
     ) -> Result<Vec<Vec<u8>>> {
         let mut latest_fenced = LatestFenced::default();
-        self.read(partition, from, until, |_, epoch, record| {
-            if let Some(record) = record {
-                latest_fenced.saw(&record, epoch < owner_epoch);
+        self.read(partition, from, until, |_, epoch, row| {
+            if let Some(row) = row {
+                latest_fenced.saw(&row.record, epoch < owner_epoch);
             }
             Ok(())
         })?;
         Ok(latest_fenced.keys())
     }
 
+    /// Reads changelog records `from..until` of `partition` in order: `visit(offset, owner
+    /// epoch, row)`, with `row == None` for a fence marker.
     fn read(
         &self,
         partition: i32,
         from: i64,
         until: i64,
-        mut visit: impl FnMut(i64, i64, Option<ChangelogRecord>) -> Result<()>,
+        mut visit: impl FnMut(i64, i64, Option<Row>) -> Result<()>,
     ) -> Result<()> {
         if from >= until {
             return Ok(());
@@ -520,6 +565,7 @@ impl Claim {
                 }
                 let mut kind_fence = false;
                 let mut kind_barrier = false;
+                let mut batch_end = false;
                 let mut epoch = None;
                 if let Some(headers) = message.headers() {
                     for h in headers.iter() {
@@ -528,6 +574,7 @@ impl Claim {
                                 kind_fence = h.value == Some(wire::FENCE_KIND.as_bytes());
                                 kind_barrier = h.value == Some(wire::BARRIER_KIND.as_bytes());
                             }
+                            wire::header::BATCH_END => batch_end = true,
                             wire::header::OWNER_EPOCH => {
                                 epoch = h
                                     .value
@@ -558,7 +605,10 @@ impl Claim {
                 let record: ChangelogRecord = codec
                     .decode_as(payload)
                     .map_err(|e| corrupt(e.to_string()))?;
-                visit(offset, epoch, Some(record))?;
+                // Rows written before the end header existed: a batch's last row carries the
+                // input offsets (when the partition had consumed any).
+                let ends_batch = batch_end || !record.input_offsets.is_empty();
+                visit(offset, epoch, Some(Row { record, ends_batch }))?;
             }
             Ok(())
         })();
@@ -566,6 +616,50 @@ impl Claim {
             .unassign()
             .map_err(|source| Error::Kafka { partition, source })?;
         result
+    }
+}
+
+/// A changelog row as read, with whether it is the last of its batch.
+struct Row {
+    record: ChangelogRecord,
+    ends_batch: bool,
+}
+
+/// Accepted changelog rows held until their batch is known whole.
+///
+/// A batch ends at its row marked [`wire::header::BATCH_END`]. Rows after the last end are
+/// held: a later owner's fence marker releases them (that owner claimed after them and wrote
+/// over whatever of them was torn, and a compaction may have removed the end row since, as a
+/// later row of its key superseded it, so they are applied as they were then), and at the
+/// claiming task's own marker they are the previous owner's torn last batch ([`torn`]).
+///
+/// [`torn`]: WholeBatches::torn
+#[derive(Default)]
+struct WholeBatches {
+    held: Vec<(i64, ChangelogRecord)>,
+}
+
+impl WholeBatches {
+    /// Takes an accepted row at `offset`; returns the rows to apply now, in order: its whole
+    /// batch when it ends one, else none.
+    fn row(&mut self, offset: i64, row: Row) -> Vec<(i64, ChangelogRecord)> {
+        self.held.push((offset, row.record));
+        if row.ends_batch {
+            std::mem::take(&mut self.held)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// An accepted fence marker of another owner: the held rows, to apply.
+    fn marker(&mut self) -> Vec<(i64, ChangelogRecord)> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// The rows still held at the claiming task's own marker: a batch that never reached the
+    /// changelog whole. Not to be applied.
+    fn torn(self) -> Vec<(i64, ChangelogRecord)> {
+        self.held
     }
 }
 
@@ -639,4 +733,71 @@ fn apply(
             offset,
             detail: source.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use airlock_schemas::StateTable;
+
+    use super::*;
+
+    fn row(n: u8, ends_batch: bool) -> Row {
+        Row {
+            record: ChangelogRecord {
+                partition: 0,
+                owner_epoch: 1,
+                table: StateTable::Effect,
+                key: vec![n],
+                value: Some(vec![n]),
+                input_offsets: Vec::new(),
+                written_at: 0,
+            },
+            ends_batch,
+        }
+    }
+
+    fn keys(rows: &[(i64, ChangelogRecord)]) -> Vec<u8> {
+        rows.iter().map(|(_, r)| r.key[0]).collect()
+    }
+
+    /// Three batches of 3, 4 and 2 rows, read up to every record boundary: whole batches are
+    /// applied, the rest is the torn batch, never applied.
+    #[test]
+    fn only_whole_batches_are_applied_wherever_the_changelog_is_cut() {
+        let sizes = [3u8, 4, 2];
+        let total: u8 = sizes.iter().sum();
+        for cut in 0..=total {
+            let mut batches = WholeBatches::default();
+            let mut applied = Vec::new();
+            let (mut n, mut whole) = (0u8, 0u8);
+            for size in sizes {
+                for i in 0..size {
+                    if n == cut {
+                        break;
+                    }
+                    applied.extend(batches.row(i64::from(n), row(n, i + 1 == size)));
+                    n += 1;
+                    if i + 1 == size {
+                        whole = n;
+                    }
+                }
+            }
+            let torn = batches.torn();
+            assert_eq!(keys(&applied), (0..whole).collect::<Vec<_>>(), "cut {cut}");
+            assert_eq!(keys(&torn), (whole..cut).collect::<Vec<_>>(), "cut {cut}");
+        }
+    }
+
+    /// A later owner's marker behind a torn batch: that owner claimed after it and wrote over
+    /// it, so what is left of it (a compaction may have removed its end row) is applied as it
+    /// was then; a later torn batch is still held.
+    #[test]
+    fn rows_held_at_another_owners_marker_are_applied() {
+        let mut batches = WholeBatches::default();
+        assert!(batches.row(0, row(0, false)).is_empty());
+        assert!(batches.row(1, row(1, false)).is_empty());
+        assert_eq!(keys(&batches.marker()), [0, 1]);
+        assert!(batches.row(3, row(3, false)).is_empty());
+        assert_eq!(keys(&batches.torn()), [3]);
+    }
 }

@@ -256,7 +256,8 @@ impl Ctx {
             log::info!(
                 "partition {p}: owner epoch {} claimed in {:.0?} (local state {}, {} rows \
                  restored, {} outbox records resent, {} stale outbox records dropped, {} fenced \
-                 rows skipped, {} rows to write again over fenced ones)",
+                 rows skipped, {} rows of a torn last batch dropped, {} rows to write again \
+                 over fenced or torn ones)",
                 report.owner_epoch,
                 started.elapsed(),
                 if report.reused_local_state {
@@ -268,6 +269,7 @@ impl Ctx {
                 report.resent,
                 report.dropped,
                 report.fenced_rows,
+                report.torn_rows,
                 report.rewritten,
             );
             for topic in &self.inputs {

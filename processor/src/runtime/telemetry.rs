@@ -21,6 +21,7 @@
 //! | `airlock_outstanding_effects` | gauge | `partition`, `state`, `older_than` | effects in UNKNOWN, OPERATOR_REQUIRED or AWAITING_APPROVAL for longer than `older_than` (`0s`, `1m`, `10m`, `1h`, `1d`) |
 //! | `airlock_outstanding_oldest_seconds` | gauge | `partition`, `state` | age of the oldest of them |
 //! | `airlock_restored_records_total` | counter | | changelog records applied while claiming partitions |
+//! | `airlock_restore_torn_rows_total` | counter | | changelog rows of a previous owner's last batch that never reached the changelog whole, dropped while claiming (their inputs are decided again) |
 //! | `airlock_partitions_restoring` | gauge | | partitions being claimed right now |
 //! | `airlock_partitions_owned` | gauge | | partitions this instance owns |
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
@@ -156,6 +157,7 @@ pub struct Telemetry {
     pub outstanding: Arc<Gauge>,
     pub outstanding_oldest: Arc<Gauge>,
     pub restored_records: Arc<Counter>,
+    pub restore_torn_rows: Arc<Counter>,
     pub partitions_restoring: Arc<Gauge>,
     pub partitions_owned: Arc<Gauge>,
     pub claims: Arc<Counter>,
@@ -258,6 +260,12 @@ impl Telemetry {
             restored_records: r.counter(
                 "airlock_restored_records_total",
                 "Changelog records applied to local state while claiming partitions.",
+                &[],
+            ),
+            restore_torn_rows: r.counter(
+                "airlock_restore_torn_rows_total",
+                "Changelog rows of a previous owner's last batch that never reached the \
+                 changelog whole, dropped while claiming (their inputs are decided again).",
                 &[],
             ),
             partitions_restoring: r.gauge(
