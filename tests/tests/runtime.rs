@@ -407,6 +407,67 @@ async fn a_replaced_input_topic_stops_the_instance_instead_of_skipping_its_recor
     Ok(())
 }
 
+/// A claim that fails for a reason that passes does not stop the instance: it owns nothing,
+/// leaves its group, joins again after a pause and claims once the cause is gone. The cause
+/// here: an open transaction on the changelog, which holds its last stable offset below the
+/// end, so the claim's `read_committed` restore cannot reach its barrier and stalls (as it
+/// does while a leader moves or a broker is away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_fails_transiently_is_tried_again_in_the_process() -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let mut a = Airlock::start("run-reclaim", 1).await?;
+    if !a.config.kafka.compatibility.has_transactions() {
+        eprintln!(
+            "skipped: {} has no transactions",
+            a.config.kafka.compatibility
+        );
+        return Ok(());
+    }
+    // A claim gives up after 3 s without progress (the default is a minute).
+    a.config.processor.claim_stall_timeout_ms = 3_000;
+    let changelog = a.names.changelog();
+    let tx: BaseProducer = a
+        .config
+        .client_config()
+        .set("transactional.id", format!("{changelog}-tx"))
+        .create()?;
+    tx.init_transactions(WAIT)?;
+    tx.begin_transaction()?;
+    tx.send(
+        BaseRecord::to(&changelog)
+            .partition(0)
+            .key("k")
+            .payload("v"),
+    )
+    .map_err(|(e, _)| anyhow::anyhow!("enqueueing: {e}"))?;
+    tx.flush(WAIT)?;
+
+    let p1 = a.spawn("p1")?;
+    eventually("a failed claim", WAIT, async || {
+        Ok((p1.telemetry.claims_failed.get(&["true"]) > 0 || !p1.is_running()).then_some(()))
+    })
+    .await?;
+    assert!(
+        p1.is_running(),
+        "the instance stopped on a transient claim failure: {:?}",
+        p1.stop()
+    );
+    assert_eq!(p1.telemetry.claims_failed.get(&["false"]), 0);
+
+    tx.abort_transaction(WAIT)?;
+    let p = sample::refund("refund:reclaim", 1_000, now_ms());
+    a.send(&a.producer()?, &a.names.proposals(), &p.operation_key, &p)
+        .await?;
+    let replies = a.await_replies([p.proposal_id.as_str()], WAIT).await?;
+    assert_eq!(replies[&p.proposal_id].verdict, Verdict::Accepted);
+    let failed = p1.telemetry.claims_failed.get(&["true"]);
+    let summary = p1.stop()?;
+    assert!(summary.claims >= 1, "{summary:?}");
+    eprintln!("{failed} claims failed while the transaction was open; {summary:?}");
+    Ok(())
+}
+
 /// A processor configured for larger records than its topics take would stage outputs the
 /// broker refuses on every resend: it does not start, and says which topics and what to change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,6 +87,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// True when claiming again later may succeed: a broker down or a leader moving (librdkafka
+    /// errors other than fatal ones), a read that stalled, another instance claiming at the
+    /// same time. A damaged store, an unreadable changelog record or a local I/O failure is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Kafka { source, .. }
+            | Error::Produce(produce::Error::Delivery { source, .. }) => {
+                super::scan::transient(source)
+            }
+            Error::Stalled { .. } | Error::Contended { .. } => true,
+            Error::Produce(produce::Error::Create(_))
+            | Error::Store { .. }
+            | Error::Task(_)
+            | Error::Wipe { .. }
+            | Error::Corrupt { .. } => false,
+        }
+    }
+
     /// The damaged-store error behind this one, if any ([`store::Error::is_unreadable`]).
     fn unreadable_store(&self) -> Option<&store::Error> {
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
@@ -754,6 +772,42 @@ mod tests {
             },
             ends_batch,
         }
+    }
+
+    #[test]
+    fn broker_trouble_and_a_rival_claimer_are_transient_a_damaged_changelog_is_not() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode;
+        let kafka = |source| Error::Kafka {
+            partition: 0,
+            source,
+        };
+        assert!(
+            kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerTransportFailure
+            ))
+            .is_transient()
+        );
+        assert!(!kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::Fatal)).is_transient());
+        let stalled = Error::Stalled {
+            partition: 0,
+            at: 1,
+            until: 2,
+            stalled: Duration::from_secs(60),
+        };
+        assert!(stalled.is_transient());
+        let contended = Error::Contended {
+            partition: 0,
+            ours: 2,
+            theirs: 3,
+        };
+        assert!(contended.is_transient());
+        let corrupt = Error::Corrupt {
+            partition: 0,
+            offset: 7,
+            detail: "no value".to_owned(),
+        };
+        assert!(!corrupt.is_transient());
     }
 
     fn keys(rows: &[(i64, ChangelogRecord)]) -> Vec<u8> {

@@ -92,6 +92,23 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// True when a claim that failed with this error may succeed if tried again later (see
+    /// [`restore::Error::is_transient`]).
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Kafka(e) => super::scan::transient(e),
+            Error::Restore(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// The first pause before an instance whose claim failed joins its group again; it doubles
+/// on each failure in a row, up to [`REJOIN_PAUSE_MAX`].
+const REJOIN_PAUSE: Duration = Duration::from_secs(2);
+const REJOIN_PAUSE_MAX: Duration = Duration::from_secs(30);
+
 /// What one instance did, reported when it stops.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -108,6 +125,11 @@ struct Shared {
     flights: Flights,
     /// A failure inside a rebalance callback, raised by the loop after `poll` returns.
     fatal: Option<Error>,
+    /// A claim failed transiently: the instance owns nothing, leaves its group and joins again
+    /// at this time, so that the partitions are assigned anew (to it or to another instance).
+    rejoin_at: Option<Instant>,
+    /// Claims that failed in a row; the pause before rejoining grows with them.
+    failed_claims: u32,
     claims: u64,
     /// Counts rebalances: records polled before one are dropped (the consumer was positioned
     /// again at the stored offsets).
@@ -188,9 +210,33 @@ impl ConsumerContext for Ctx {
         }
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                if let Err(e) = self.assign(consumer, &mut shared, tpl) {
-                    log::error!("taking partitions: {e}");
-                    shared.fatal.get_or_insert(e);
+                let failed = match self.assign(consumer, &mut shared, tpl) {
+                    Ok(()) => {
+                        // A good claim (a rebalance during the pause) needs no rejoin.
+                        shared.failed_claims = 0;
+                        shared.rejoin_at = None;
+                        false
+                    }
+                    Err(e) if e.is_transient() => {
+                        self.telemetry.claims_failed.inc(&["true"]);
+                        let pause = REJOIN_PAUSE
+                            .saturating_mul(1 << shared.failed_claims.min(4))
+                            .min(REJOIN_PAUSE_MAX);
+                        shared.failed_claims += 1;
+                        log::error!(
+                            "taking partitions: {e}; leaving the group, joining again in {pause:?}"
+                        );
+                        shared.rejoin_at = Some(Instant::now() + pause);
+                        true
+                    }
+                    Err(e) => {
+                        self.telemetry.claims_failed.inc(&["false"]);
+                        log::error!("taking partitions: {e}");
+                        shared.fatal.get_or_insert(e);
+                        true
+                    }
+                };
+                if failed {
                     // Own nothing rather than something half-claimed.
                     shared.tasks.clear();
                     self.telemetry.assigned(&BTreeSet::new());
@@ -544,6 +590,8 @@ fn run_loop(
         tasks: BTreeMap::new(),
         flights: Flights::with_sender(producer.clone())?,
         fatal: None,
+        rejoin_at: None,
+        failed_claims: 0,
         claims: 0,
         generation: 0,
     }));
@@ -605,6 +653,18 @@ fn run_loop(
 
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.beat();
+        let rejoin = {
+            let mut guard = lock(&shared);
+            match guard.rejoin_at {
+                Some(at) if at <= Instant::now() => guard.rejoin_at.take(),
+                _ => None,
+            }
+        };
+        if rejoin.is_some() {
+            log::info!("instance {instance}: joining the group again");
+            consumer.unsubscribe();
+            consumer.subscribe(&topic_refs)?;
+        }
         // 1. Collect a batch: up to `batch.max_records` of every owned partition.
         let owned = lock(&shared).tasks.len();
         let per_partition = config.batch.max_records;

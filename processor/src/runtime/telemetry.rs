@@ -25,6 +25,7 @@
 //! | `airlock_partitions_restoring` | gauge | | partitions being claimed right now |
 //! | `airlock_partitions_owned` | gauge | | partitions this instance owns |
 //! | `airlock_claims_total` | counter | `local_state` | partition claims, `reused` or `rebuilt` state |
+//! | `airlock_claims_failed_total` | counter | `transient` | partition claims that failed; `true`: the instance leaves and rejoins its group after a pause (2 s doubling to 30 s), `false`: it stops |
 //! | `airlock_consumer_lag` | gauge | `topic`, `partition` | high watermark − next offset to consume, per owned input partition |
 //! | `airlock_consumer_errors_total` | counter | `code` | errors the input consumer reported (librdkafka's code: `UnknownTopicOrPartition`, `TopicAuthorizationFailed`, ...) |
 //! | `airlock_producer_time_inputs_total` | counter | `input` | input records whose time (`now`) is their producer's timestamp (CreateTime), not the broker's: the topic lacks `message.timestamp.type=LogAppendTime` or the broker ignores it (`compat`); agents then set the clock deadlines and approval expiries are judged by (barrier records included) |
@@ -161,6 +162,7 @@ pub struct Telemetry {
     pub partitions_restoring: Arc<Gauge>,
     pub partitions_owned: Arc<Gauge>,
     pub claims: Arc<Counter>,
+    pub claims_failed: Arc<Counter>,
     pub consumer_lag: Arc<Gauge>,
     pub consumer_errors: Arc<Counter>,
     pub producer_time: Arc<Counter>,
@@ -282,6 +284,12 @@ impl Telemetry {
                 "airlock_claims_total",
                 "Partition claims, by whether the local state was reused or rebuilt.",
                 &["local_state"],
+            ),
+            claims_failed: r.counter(
+                "airlock_claims_failed_total",
+                "Partition claims that failed: transient ones are tried again after the \
+                 instance rejoins its group, others stop it.",
+                &["transient"],
             ),
             consumer_lag: r.gauge(
                 "airlock_consumer_lag",
