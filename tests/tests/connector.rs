@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use airlock_processor::capability::{self, SigningKey};
 use airlock_processor::core::canonical;
 use airlock_processor::runtime::partitioner;
-use airlock_processor::runtime::wire::{Admit, header};
+use airlock_processor::runtime::produce::Producer;
+use airlock_processor::runtime::wire::{Admit, FENCE_KEY_PREFIX, OutRecord, header};
 use airlock_processor::sample;
 use airlock_schemas::{
     Codec, Decision, DispatchCommand, Outcome, OutcomeKind, ReconcileCommand, Verdict,
@@ -291,6 +292,23 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     let recon_unsigned = reconcile("refund:recon-unsigned", now, None);
     let recon_forged = reconcile("refund:recon-forged", now, Some(&intruder));
 
+    // Fence markers nobody signed, on the genuine command's partition ahead of it: honoured,
+    // they would have the worker ignore that command and every later one there as fenced.
+    let partition = genuine.owner_partition;
+    let mut forged_marker = OutRecord::fence_marker(&topic, partition, 999_999);
+    forged_marker.headers.push((
+        header::CAPABILITY.to_owned(),
+        capability::sign_fence(&intruder, &topic, partition, 999_999),
+    ));
+    let unsigned_marker = OutRecord::fence_marker(&topic, partition, 999_998);
+    let client = a.config.client_config();
+    std::thread::spawn(move || -> anyhow::Result<()> {
+        Producer::new(&client, 0)?.send_phased(&[forged_marker, unsigned_marker])?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the marker thread panicked"))??;
+
     let codec = Codec::new();
     let mut payloads = Vec::new();
     for cmd in [
@@ -312,13 +330,13 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
             .find(|o| o.kind == OutcomeKind::Committed))
     })
     .await;
-    let dead = eventually("seven dead letters from the worker", WAIT, async || {
+    let dead = eventually("nine dead letters from the worker", WAIT, async || {
         let letters: Vec<_> = a
             .read_topic(&a.names.dlq())?
             .into_iter()
             .filter(|r| r.admit == Admit::Accept && r.header("airlock-connector-worker").is_some())
             .collect();
-        Ok((letters.len() >= 7).then_some(letters))
+        Ok((letters.len() >= 9).then_some(letters))
     })
     .await;
     if genuine_outcome.is_err() || dead.is_err() {
@@ -345,12 +363,22 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     assert_eq!(reasons["refund:raised"], "FORGED", "{reasons:?}");
     assert_eq!(reasons["refund:recon-unsigned"], "UNSIGNED", "{reasons:?}");
     assert_eq!(reasons["refund:recon-forged"], "FORGED", "{reasons:?}");
+    assert_eq!(
+        reasons[&format!("{FENCE_KEY_PREFIX}999999")],
+        "FORGED",
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons[&format!("{FENCE_KEY_PREFIX}999998")],
+        "UNSIGNED",
+        "{reasons:?}"
+    );
     for r in &dead {
         assert_eq!(r.header_str(header::SOURCE_TOPIC), Some(topic.as_str()));
         assert!(r.header_str(header::SOURCE_OFFSET).is_some());
         assert!(r.value.is_some(), "the refused bytes are kept");
     }
-    for key in reasons.keys() {
+    for key in reasons.keys().filter(|k| !k.starts_with(FENCE_KEY_PREFIX)) {
         assert!(outcomes_of(&a, key)?.is_empty(), "{key} has outcomes");
         assert_eq!(ledger.effects_for(key).await?, 0, "{key}");
     }

@@ -172,6 +172,23 @@ impl Checker {
             .map_err(|e| Refused::ArgumentsAltered(e.to_string()))
     }
 
+    /// The check of a fence marker of `owner_epoch` on `topic`'s `partition` carrying
+    /// `capability` (its `airlock-capability` header): signed by a trusted key (or unsigned
+    /// where allowed). Only a verified marker may raise the worker's fence: a forged one with a
+    /// huge epoch would have it ignore every later command of the partition.
+    pub fn authorize_fence(
+        &self,
+        topic: &str,
+        partition: i32,
+        owner_epoch: i64,
+        capability: Option<&[u8]>,
+    ) -> Result<(), Refused> {
+        if self.allow_unsigned && (capability.is_none() || self.keys.is_empty()) {
+            return Ok(());
+        }
+        capability::verify_fence_any(&self.keys, capability, topic, partition, owner_epoch)
+    }
+
     /// The capability check of a reconcile command: signed by a trusted key (or unsigned where
     /// allowed). Without it, whoever can write the dispatch topic could have the worker look an
     /// attempt up while it is still running and report the "proof" that it failed.

@@ -393,6 +393,33 @@ impl Handler {
         Ok(Handled::Reconciled(kind))
     }
 
+    /// Dead-letters a fence marker that did not verify (`refused`): it raises no fence.
+    pub fn refuse_marker(
+        &self,
+        source: Source<'_>,
+        parent: &Context,
+        refused: &Refused,
+        commit: impl FnOnce() -> bool,
+    ) -> Result<Handled> {
+        let cx = trace::consume(
+            format_args!("refuse {} fence marker", self.reporter.connector),
+            source.topic,
+            source.partition,
+            source.offset,
+            || {
+                [
+                    KeyValue::new("airlock.connector", self.reporter.connector.clone()),
+                    KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
+                ]
+            },
+            parent,
+        );
+        let detail = format!("fence marker: {refused}");
+        self.dead_letter(&cx, source, refused.code(), &detail)?;
+        commit();
+        Ok(Handled::DeadLettered)
+    }
+
     fn dead_letter(
         &self,
         cx: &Context,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::topics::{self, Names};
-use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FenceFilter, header};
+use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FENCE_KIND, FenceFilter, header};
 use airlock_processor::telemetry::server::{self, Server};
 use airlock_schemas::{Codec, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
@@ -455,7 +455,18 @@ fn run_loop(
         let barrier = headers
             .iter()
             .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
-        let admit = if barrier {
+        // A fence marker raises the fence only once its capability verifies.
+        let forged_marker = marker_epoch(&headers).and_then(|epoch| {
+            let capability = headers
+                .iter()
+                .find(|(k, _)| *k == header::CAPABILITY)
+                .map(|(_, v)| *v);
+            handler
+                .checker
+                .authorize_fence(&dispatch, partition, epoch, capability)
+                .err()
+        });
+        let admit = if barrier || forged_marker.is_some() {
             None
         } else {
             Some(filter.admit(&dispatch, partition, headers.iter().copied()))
@@ -467,6 +478,17 @@ fn run_loop(
         };
         let handled = if offset < owned.next {
             None
+        } else if let Some(refused) = &forged_marker {
+            owned.next = offset + 1;
+            let source = Source {
+                topic: &dispatch,
+                partition,
+                offset,
+                key: message.key(),
+                payload: message.payload(),
+            };
+            let commit = || commit_sync(&consumer, &dispatch, partition, offset + 1);
+            Some(handler.refuse_marker(source, &parent, refused, commit)?)
         } else {
             owned.next = offset + 1;
             match admit {
@@ -508,6 +530,21 @@ fn run_loop(
     drop(consumer);
     producer.flush(Duration::from_secs(30))?;
     Ok(summary)
+}
+
+/// The owner epoch of a fence marker (`None` for any other record, or a marker without a
+/// readable epoch, which the fence filter does not take as one either).
+fn marker_epoch(headers: &[(&str, &[u8])]) -> Option<i64> {
+    let is_marker = headers
+        .iter()
+        .any(|(k, v)| *k == header::KIND && *v == FENCE_KIND.as_bytes());
+    if !is_marker {
+        return None;
+    }
+    headers
+        .iter()
+        .find(|(k, _)| *k == header::OWNER_EPOCH)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
 }
 
 /// Commits `offset` of the dispatch partition synchronously: true when the group took it.

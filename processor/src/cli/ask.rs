@@ -97,11 +97,11 @@ pub struct Answer {
 
 /// Publishes `request` and returns the owner's decision replying to it.
 ///
-/// Where the answer partition ends now is marked with a barrier record; the partition is read
-/// from its start (the fence markers there say which owner's answers count) to that mark, then
+/// Where the answer partition ends now is its `end` (see [`Answers`]); the partition is read
+/// from its start (the fence markers there say which owner's answers count) to there, then
 /// the request is published (`published` runs once it is acknowledged) and the first reply
-/// after the mark is the answer. When the latest reply before the mark is [`Request::done`],
-/// that is the answer and nothing is published.
+/// at or after the end is the answer. When the latest reply before the end is
+/// [`Request::done`], that is the answer and nothing is published.
 pub fn publish_and_await(
     config: &Config,
     role: &str,
@@ -113,13 +113,13 @@ pub fn publish_and_await(
     let answers = Answers::open(config, role, request.operation_key)?;
     let wants = |d: &Decision| d.in_reply_to == request.reply_to;
     let mut replies = answers.replies(request.reply_to, &wants);
-    let mark = answers.mark;
+    let end = answers.end;
     let partition = answers.partition;
     let producer = &answers.producer;
     let mut earlier = None;
-    while replies.at <= mark {
+    while replies.at < end {
         if let Some((offset, d)) = replies.next(deadline, timeout)?
-            && offset < mark
+            && offset < end
             && (request.done)(&d)
         {
             earlier = Some(d);
@@ -145,7 +145,7 @@ pub fn publish_and_await(
     published()?;
     loop {
         if let Some((offset, decision)) = replies.next(deadline, timeout)?
-            && offset > mark
+            && offset >= end
         {
             return Ok(Answer {
                 decision,
@@ -156,13 +156,18 @@ pub fn publish_and_await(
 }
 
 /// The decisions partition of one operation key, opened for reading from its start, and where
-/// it ended when opened (the offset of a barrier record produced then).
+/// it ended when opened.
 struct Answers {
     reader: BaseConsumer,
     producer: Producer,
     decisions: String,
     partition: i32,
-    mark: i64,
+    /// Where the partition's records started when opened (its log start).
+    start: i64,
+    /// The offset after its last record when opened: the high watermark on Kafka, which needs
+    /// no write access to the topic; on tansu, whose watermark can stop short, one past a
+    /// barrier record produced then (`compat::Broker::high_watermark_is_end`).
+    end: i64,
 }
 
 impl Answers {
@@ -180,17 +185,27 @@ impl Answers {
         reader.assign(&tpl)?;
         let producer =
             Producer::new(&config.client_config(), 0).context("creating the Kafka producer")?;
-        let mark = producer
-            .send_phased(&[OutRecord::barrier(&decisions, partition)])
-            .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
-            .offset_of(&decisions, partition)
-            .expect("the barrier was acknowledged");
+        let within = Duration::from_secs(30);
+        let (start, high) =
+            crate::runtime::scan::watermarks(&reader, &decisions, partition, within)
+                .with_context(|| format!("reading where {decisions} ends (is the broker up?)"))?;
+        let end = if config.kafka.compatibility.high_watermark_is_end() {
+            high
+        } else {
+            producer
+                .send_phased(&[OutRecord::barrier(&decisions, partition)])
+                .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
+                .offset_of(&decisions, partition)
+                .expect("the barrier was acknowledged")
+                + 1
+        };
         Ok(Answers {
             reader,
             producer,
             decisions,
             partition,
-            mark,
+            start,
+            end,
         })
     }
 
@@ -205,7 +220,7 @@ impl Answers {
             wants,
             codec: Codec::new(),
             fence: FenceFilter::default(),
-            at: 0,
+            at: self.start,
         }
     }
 }
@@ -233,9 +248,9 @@ pub fn latest_pending_approval(
     let what = format!("the pending approvals of {operation_key}");
     let mut replies = answers.replies(&what, &wants);
     let mut latest = None;
-    while replies.at <= answers.mark {
+    while replies.at < answers.end {
         if let Some((offset, d)) = replies.next(deadline, timeout)?
-            && offset < answers.mark
+            && offset < answers.end
         {
             latest = Some(d.decision_id);
         }

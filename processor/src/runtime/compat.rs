@@ -14,9 +14,13 @@
 //!   skipping records: [`Broker::resume_offset`] starts a resumed partition up to
 //!   [`TANSU_REWIND`] records earlier and the task drops what it already consumed.
 //! - **Its high watermark can stop inside the last produced batch.** Airlock learns the end of a
-//!   partition read-your-writes on every broker, from the acknowledged offset of a barrier
-//!   record it writes (`wire::OutRecord::barrier`; every consumer skips barriers): one small
-//!   record per claim or scan, and no reliance on how a broker computes its watermark.
+//!   partition read-your-writes from the acknowledged offset of a barrier record it writes
+//!   (`wire::OutRecord::barrier`; every consumer skips barriers): one small record per claim or
+//!   scan, and no reliance on how a broker computes its watermark. Processes that may write
+//!   the topic anyway (the processor on its changelog, the auditor's scans unless read-only)
+//!   do so on every broker; the clients of the decisions topic (`airlock propose`, `approve`,
+//!   `settle`), which must not need write access to it, read its high watermark on Kafka
+//!   ([`Broker::high_watermark_is_end`]) and write a barrier only on tansu.
 //! - **It never evicts a group member that stops heartbeating** (SIGKILL, SIGSTOP): the group's
 //!   next rebalance waits for it forever, so a replacement must join a fresh group
 //!   ([`Broker::evicts_silent_members`]).
@@ -93,6 +97,15 @@ impl Broker {
 
     /// True when DescribeConfigs reports a topic's effective `max.message.bytes`.
     pub fn reports_message_limits(self) -> bool {
+        match self {
+            Broker::Kafka => true,
+            Broker::Tansu06 => false,
+        }
+    }
+
+    /// True when a partition's high watermark is the offset after its last readable record, so
+    /// that a reader can learn where the partition ends without writing to it.
+    pub fn high_watermark_is_end(self) -> bool {
         match self {
             Broker::Kafka => true,
             Broker::Tansu06 => false,

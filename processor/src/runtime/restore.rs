@@ -398,6 +398,12 @@ impl Claim {
             .map(|t| {
                 let mut marker = OutRecord::fence_marker(t, partition, epoch);
                 marker.phase = u8::from(*t != topic);
+                if let Some(key) = self.core.capability_key() {
+                    marker.headers.push((
+                        wire::header::CAPABILITY.to_owned(),
+                        crate::capability::sign_fence(key, t, partition, epoch),
+                    ));
+                }
                 marker
             })
             .collect();

@@ -41,6 +41,10 @@ pub mod header {
     /// On a cut dead letter: SHA-256 (lowercase hex) of the original key and value.
     pub const DLQ_KEY_SHA256: &str = "airlock-dlq-key-sha256";
     pub const DLQ_VALUE_SHA256: &str = "airlock-dlq-value-sha256";
+    /// On a fence marker when the processor signs (`capability.signing_key_file`): the
+    /// marker's capability (`capability::sign_fence`), raw bytes. Connector workers honour a
+    /// marker only when it verifies.
+    pub const CAPABILITY: &str = "airlock-capability";
     /// On the last changelog record of a sealed batch (value `1`): restore applies a batch only
     /// once it has read this record (see `restore::WholeBatches`).
     pub const BATCH_END: &str = "airlock-batch-end";
