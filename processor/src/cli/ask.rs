@@ -97,7 +97,7 @@ pub struct Answer {
 
 /// Publishes `request` and returns the owner's decision replying to it.
 ///
-/// Where the answer partition ends now is its `end` (see [`Answers`]); the partition is read
+/// Where the answer partition ends now is its `end` (see `Answers`); the partition is read
 /// from its start (the fence markers there say which owner's answers count) to there, then
 /// the request is published (`published` runs once it is acknowledged) and the first reply
 /// at or after the end is the answer. When the latest reply before the end is

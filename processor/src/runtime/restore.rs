@@ -7,7 +7,7 @@
 //! written by its own owner epoch; any record of a later owner means another task decided
 //! inputs this store has not seen, so the store is dropped and rebuilt from the changelog.
 //!
-//! Rows are applied a whole batch at a time ([`WholeBatches`]). A batch's changelog records
+//! Rows are applied a whole batch at a time (`WholeBatches`). A batch's changelog records
 //! can leave as several produce requests, and an owner that dies between them leaves a prefix
 //! of its last batch: applying that prefix would advance some rows (an input offset, the
 //! journal sequence) without the others, and the next owner would skip inputs or number events
