@@ -44,6 +44,8 @@ const DOMAIN_V1: &[u8] = b"airlock/capability/v1\0";
 const RECONCILE_DOMAIN_V1: &[u8] = b"airlock/reconcile/v1\0";
 /// Domain separation tag of version 1 of a fence marker's signed message. Never change it.
 const FENCE_DOMAIN_V1: &[u8] = b"airlock/fence/v1\0";
+/// Domain separation tag of version 1 of an outcome's signed message. Never change it.
+const OUTCOME_DOMAIN_V1: &[u8] = b"airlock/outcome/v1\0";
 /// The first byte of a version-1 capability.
 pub const VERSION: u8 = 1;
 /// Length of a version-1 capability: version byte and signature.
@@ -260,6 +262,35 @@ pub fn verify_fence_any(
         capability,
         &fence_message(topic, partition, owner_epoch),
     )
+}
+
+/// The version-1 signed message of an outcome: `"airlock/outcome/v1\0"`, the connector's name
+/// (as a string of [`message`]), then the record's value exactly as produced (its Avro bytes,
+/// in whichever framing). The connector worker signs with its own key; the processor takes an
+/// outcome of an effect dispatched to a connector only when it verifies under one of that
+/// connector's worker keys (`capability.worker_verifying_key_files`), so that whoever can
+/// write the outcomes topic cannot settle an effect. Frozen like [`message`].
+pub fn outcome_message(connector: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(OUTCOME_DOMAIN_V1.len() + connector.len() + 4 + value.len());
+    out.extend_from_slice(OUTCOME_DOMAIN_V1);
+    string(&mut out, connector);
+    out.extend_from_slice(value);
+    out
+}
+
+/// The capability of an outcome record of `connector` whose value is `value`.
+pub fn sign_outcome(key: &SigningKey, connector: &str, value: &[u8]) -> Vec<u8> {
+    capability_of(key, &outcome_message(connector, value))
+}
+
+/// Checks that `capability` signs the outcome value `value` of `connector` by one of `keys`.
+pub fn verify_outcome_any(
+    keys: &[VerifyingKey],
+    capability: Option<&[u8]>,
+    connector: &str,
+    value: &[u8],
+) -> Result<(), Refused> {
+    signed_by_any(keys, capability, &outcome_message(connector, value))
 }
 
 fn capability_of(key: &SigningKey, message: &[u8]) -> Vec<u8> {
@@ -648,6 +679,29 @@ mod tests {
         assert!(verify_fence_any(&keys, Some(&other), "a.dispatch.ledger", 2, 5).is_err());
         // Never a dispatch or reconcile signature: its own domain.
         assert_ne!(fence_message("t", 0, 1), message(&command())[..]);
+    }
+
+    #[test]
+    fn an_outcome_verifies_only_for_its_connector_and_exact_bytes() {
+        let worker = key(3);
+        let keys = [worker.verifying_key()];
+        let value = b"\xc3\x01 some outcome bytes".to_vec();
+        let cap = sign_outcome(&worker, "ledger", &value);
+        assert_eq!(
+            verify_outcome_any(&keys, Some(&cap), "ledger", &value),
+            Ok(())
+        );
+        let mut altered = value.clone();
+        altered[3] ^= 1;
+        assert!(verify_outcome_any(&keys, Some(&cap), "ledger", &altered).is_err());
+        assert!(verify_outcome_any(&keys, Some(&cap), "email", &value).is_err());
+        assert_eq!(
+            verify_outcome_any(&keys, None, "ledger", &value),
+            Err(Refused::Missing)
+        );
+        // The processor's capability key is not a worker's.
+        let processor = sign_outcome(&key(1), "ledger", &value);
+        assert!(verify_outcome_any(&keys, Some(&processor), "ledger", &value).is_err());
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn record<'a>(offset: i64, key: &'a [u8], payload: &'a [u8]) -> InputRecord<'a> 
         key: Some(key),
         payload: Some(payload),
         timestamp: 1_000,
+        capability: None,
     }
 }
 

@@ -33,6 +33,9 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Airlock {
     /// Shared with every [`Airlock::alongside`] of this one.
     pub broker: Arc<Broker>,
+    /// The key connector workers spawned here sign their outcomes with
+    /// ([`Options::signing_workers`]).
+    pub worker_signing_key_file: Option<PathBuf>,
     pub config: Config,
     pub names: Names,
     state_root: tempfile::TempDir,
@@ -58,6 +61,11 @@ pub struct Options {
     pub receipts_key_file: Option<PathBuf>,
     /// Every topic's replication factor (default 1); 3 on a three-node cluster.
     pub replication_factor: Option<i32>,
+    /// Connector workers sign their outcomes: a key pair of theirs is made (under the state
+    /// root, [`Airlock::worker_signing_key_file`]), workers spawned here sign with it, and the
+    /// processors take the outcomes of every connector of the registry only signed with it
+    /// (`capability.worker_verifying_key_files`).
+    pub signing_workers: bool,
 }
 
 impl Airlock {
@@ -129,6 +137,20 @@ impl Airlock {
         config.tools.registry = dir.join("tools.toml");
         config.tools.policies = dir.join("policies.cedar");
         config.tools.entities = dir.join("entities.json");
+        let mut worker_signing_key_file = None;
+        if options.signing_workers {
+            let (signing, verifying) = airlock_processor::capability::write_key_pair(
+                &airlock_processor::capability::generate()?,
+                &state_root.path().join("worker"),
+            )?;
+            let registry =
+                airlock_processor::core::registry::Registry::load(&config.tools.registry)?;
+            config.capability.worker_verifying_key_files = registry
+                .tools()
+                .map(|t| (t.connector.clone(), vec![verifying.clone()]))
+                .collect();
+            worker_signing_key_file = Some(signing);
+        }
         let core = load_core(&config)?;
         let names = Names::new(&config.topics.prefix);
         let plan = names.plan(core.registry().tools().map(|t| t.connector.as_str()));
@@ -137,6 +159,7 @@ impl Airlock {
             .context("creating the topics")?;
         Ok(Airlock {
             broker,
+            worker_signing_key_file,
             config,
             names,
             state_root,
@@ -240,6 +263,20 @@ impl Airlock {
             .env(
                 "AIRLOCK_RECEIPTS_SIGNING_KEY_FILE",
                 &config.receipts.signing_key_file,
+            )
+            .env(
+                "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
+                config
+                    .capability
+                    .worker_verifying_key_files
+                    .iter()
+                    .map(|(connector, files)| {
+                        let files: Vec<String> =
+                            files.iter().map(|f| f.display().to_string()).collect();
+                        format!("{connector}={}", files.join(","))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(";"),
             )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

@@ -254,6 +254,12 @@ impl Airlock {
             .env("AIRLOCK_CONNECTOR_WORKER_ID", worker)
             .env("AIRLOCK_CONNECTOR_BASE_URL", &ledger.base_url)
             .env("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES", keys.join(","))
+            .env(
+                "AIRLOCK_CONNECTOR_SIGNING_KEY_FILE",
+                self.worker_signing_key_file
+                    .as_deref()
+                    .unwrap_or(Path::new("")),
+            )
             .env("AIRLOCK_CONNECTOR_SESSION_TIMEOUT_MS", "6000")
             .env("AIRLOCK_CONNECTOR_MAX_POLL_INTERVAL_MS", "30000")
             .env(

@@ -46,6 +46,7 @@ async fn signed_airlock(test: &str, keys: &Keys) -> anyhow::Result<Airlock> {
         Options {
             reference_attempt_timeouts: true,
             signing_key_file: Some(keys.signing_file.clone()),
+            signing_workers: true,
             ..Options::default()
         },
     )
@@ -421,6 +422,101 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     assert_eq!(ledger.effects_for("refund:expired").await?, 0);
     assert_eq!(ledger.effects_total().await?, 1);
     assert!(worker.stop()?);
+    Ok(())
+}
+
+/// Produces `outcome` to the outcomes topic as a worker would, with `capability` as its
+/// `airlock-capability` header when given.
+fn send_outcome(a: &Airlock, outcome: &Outcome, sign: Option<&SigningKey>) -> anyhow::Result<()> {
+    let value = Codec::new().encode_single_object(outcome)?;
+    let partition = partitioner::partition_for(outcome.operation_key.as_bytes(), PARTITIONS);
+    let mut headers = Vec::new();
+    if let Some(key) = sign {
+        headers.push((
+            header::CAPABILITY.to_owned(),
+            capability::sign_outcome(key, &outcome.connector, &value),
+        ));
+    }
+    let record = OutRecord {
+        topic: a.names.outcomes(),
+        partition,
+        key: Some(outcome.operation_key.as_bytes().to_vec()),
+        value: Some(value),
+        headers,
+        phase: 0,
+    };
+    let client = a.config.client_config();
+    std::thread::spawn(move || -> anyhow::Result<()> {
+        Producer::new(&client, 0)?.send_phased(&[record])?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the producing thread panicked"))?
+}
+
+/// Outcomes settle an effect only when a worker of its connector signed them: an unsigned
+/// FAILED (which would have had a second attempt dispatched while the first may still land)
+/// and a COMMITTED signed by another key are dead-lettered by the processor and change
+/// nothing; the same COMMITTED signed with the workers' key settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_no_worker_of_the_connector_signed_settle_nothing() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-outcomes", &keys).await?;
+    let worker_key = capability::load_signing_key(
+        a.worker_signing_key_file
+            .as_deref()
+            .expect("signing workers"),
+    )?;
+    let processor = a.spawn("p1")?;
+    let producer = a.producer()?;
+    // No ledger worker runs: nobody executes the dispatched refund.
+    let key = "refund:nobody-ran";
+    let p = sample::refund(key, 700, now_ms());
+    a.send(&producer, &a.names.proposals(), key, &p).await?;
+    a.await_replies([p.proposal_id.as_str()], WAIT).await?;
+
+    let intruder = capability::generate()?;
+    send_outcome(
+        &a,
+        &sample::outcome(key, 1, OutcomeKind::Failed, "declined"),
+        None,
+    )?;
+    send_outcome(
+        &a,
+        &sample::outcome(key, 1, OutcomeKind::Committed, "done"),
+        Some(&intruder),
+    )?;
+    let refused = eventually("two outcomes dead-lettered", WAIT, async || {
+        let letters: Vec<String> = a
+            .read_topic(&a.names.dlq())?
+            .into_iter()
+            .filter(|r| r.header_str(header::SOURCE_TOPIC) == Some(&a.names.outcomes()))
+            .filter_map(|r| r.header_str(header::DLQ_REASON).map(str::to_owned))
+            .collect();
+        Ok((letters.len() >= 2).then_some(letters))
+    })
+    .await?;
+    assert_eq!(refused, ["UNSIGNED", "FORGED"]);
+    let settled_before: Vec<_> = decisions_of(&a, key)?
+        .into_iter()
+        .filter(|d| matches!(d.verdict, Verdict::Committed | Verdict::Failed))
+        .collect();
+    assert!(settled_before.is_empty(), "{settled_before:?}");
+    let dispatched = a
+        .dispatches()?
+        .into_iter()
+        .filter(|d| d.operation_key == key)
+        .count();
+    assert_eq!(dispatched, 1, "a forged failure dispatched another attempt");
+
+    send_outcome(
+        &a,
+        &sample::outcome(key, 1, OutcomeKind::Committed, "done"),
+        Some(&worker_key),
+    )?;
+    let committed = settled(&a, key, &[]).await?;
+    assert_eq!(committed.epoch, Some(1));
+    assert_eq!(processor.stop()?.dead_lettered, 2);
     Ok(())
 }
 

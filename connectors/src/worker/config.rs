@@ -18,6 +18,7 @@
 //! | `connector.max_evidence_bytes` | `AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES` | `4096` |
 //! | `capability.verifying_key_files` | `AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES` (comma separated) | none |
 //! | `capability.allow_unsigned` | `AIRLOCK_CONNECTOR_ALLOW_UNSIGNED` | `false` |
+//! | `capability.signing_key_file` (this connector's workers' own key: signs their outcomes) | `AIRLOCK_CONNECTOR_SIGNING_KEY_FILE` | empty: outcomes unsigned |
 //! | `http.base_url` | `AIRLOCK_CONNECTOR_BASE_URL` | `http://127.0.0.1:8088` |
 //! | `http.connect_timeout_ms` | `AIRLOCK_CONNECTOR_CONNECT_TIMEOUT_MS` | `2000` |
 //! | `http.max_response_bytes` | `AIRLOCK_CONNECTOR_MAX_RESPONSE_BYTES` | `65536` |
@@ -116,6 +117,11 @@ pub struct Capability {
     /// Executes commands without a capability (development only). Signed commands are still
     /// verified when keys are configured.
     pub allow_unsigned: bool,
+    /// The workers' own Ed25519 key (`airlock keygen`; not the processor's): every outcome is
+    /// signed with it (`airlock-capability` header), and processors that list its verifying
+    /// key under `capability.worker_verifying_key_files.<connector>` take only outcomes that
+    /// verify. Empty leaves outcomes unsigned.
+    pub signing_key_file: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -191,6 +197,9 @@ impl Config {
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED") {
             self.capability.allow_unsigned = env_value("AIRLOCK_CONNECTOR_ALLOW_UNSIGNED", v)?;
+        }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_SIGNING_KEY_FILE") {
+            self.capability.signing_key_file = PathBuf::from(v);
         }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_BASE_URL") {
             self.http.base_url = v;
@@ -306,6 +315,15 @@ impl Config {
                 Ok(key)
             })
             .collect()
+    }
+
+    /// The key this worker signs its outcomes with, if one is configured.
+    pub fn signing_key(&self) -> Result<Option<capability::SigningKey>> {
+        let file = &self.capability.signing_key_file;
+        if file.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(capability::load_signing_key(file)?))
     }
 
     /// The HTTP connector the tools describe (`{env:NAME}` resolved from the environment).

@@ -27,6 +27,8 @@ pub struct Reporter {
     pub connector: String,
     pub worker_id: String,
     pub codec: Codec,
+    /// Signs every outcome (`capability::sign_outcome`), when configured.
+    pub signing_key: Option<std::sync::Arc<airlock_processor::capability::SigningKey>>,
 }
 
 /// The attempt an outcome is about.
@@ -74,17 +76,24 @@ impl Reporter {
             .codec
             .encode_single_object(&outcome)
             .expect("an Outcome built here always encodes");
+        let mut headers = wire::identity(
+            "outcome",
+            &outcome_id,
+            attempt.partition,
+            attempt.owner_epoch,
+        );
+        if let Some(key) = &self.signing_key {
+            headers.push((
+                wire::header::CAPABILITY.to_owned(),
+                airlock_processor::capability::sign_outcome(key, &self.connector, &value),
+            ));
+        }
         let record = OutRecord {
             topic: self.names.outcomes(),
             partition: attempt.partition,
             key: Some(attempt.operation_key.as_bytes().to_vec()),
             value: Some(value),
-            headers: wire::identity(
-                "outcome",
-                &outcome_id,
-                attempt.partition,
-                attempt.owner_epoch,
-            ),
+            headers,
             phase: 0,
         };
         (outcome, record)
@@ -163,6 +172,7 @@ mod tests {
             connector: "ledger".into(),
             worker_id: "w1".into(),
             codec: Codec::new(),
+            signing_key: None,
         }
     }
 

@@ -388,6 +388,7 @@ fn run_loop(
             connector: c.name.clone(),
             worker_id: worker_id.clone(),
             codec: Codec::new(),
+            signing_key: config.signing_key()?.map(Arc::new),
         },
         http,
         producer: producer.clone(),

@@ -366,6 +366,7 @@ fn shell(
                 key: Some(key),
                 payload: Some(payload),
                 timestamp: p.proposed_at,
+                capability: None,
             })?;
             last = Some((offset, p.proposed_at, key, payload));
             offset += 1;

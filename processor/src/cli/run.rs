@@ -54,7 +54,10 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         registry.tools().count(),
         policy.bundle_hash()
     );
+    let connectors: std::collections::BTreeSet<String> =
+        registry.tools().map(|t| t.connector.clone()).collect();
     let core = with_receipt_key(Core::new(registry, policy, core::Config::default()), config)?;
+    let core = with_worker_keys(core, config, &connectors)?;
     let key_file = &config.capability.signing_key_file;
     if key_file.as_os_str().is_empty() {
         log::warn!(
@@ -72,6 +75,37 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
         hex::encode(key.verifying_key().to_bytes())
     );
     Ok(core.with_capability_key(key))
+}
+
+/// The core with each connector's worker verifying keys; warns for every connector of the
+/// registry whose outcomes will be taken unsigned.
+fn with_worker_keys(
+    core: Core,
+    config: &Config,
+    connectors: &std::collections::BTreeSet<String>,
+) -> anyhow::Result<Core> {
+    let mut keys = std::collections::BTreeMap::new();
+    for (connector, files) in &config.capability.worker_verifying_key_files {
+        let loaded = files
+            .iter()
+            .map(|f| {
+                capability::load_verifying_key(f).with_context(|| {
+                    format!(
+                        "loading capability.worker_verifying_key_files.{connector}: {}",
+                        f.display()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        keys.insert(connector.clone(), loaded);
+    }
+    for connector in connectors.iter().filter(|c| !keys.contains_key(*c)) {
+        log::warn!(
+            "capability.worker_verifying_key_files has no keys for connector {connector}: its \
+             outcomes are taken unsigned, from whoever can write the outcomes topic"
+        );
+    }
+    Ok(core.with_worker_keys(keys))
 }
 
 fn with_receipt_key(core: Core, config: &Config) -> anyhow::Result<Core> {

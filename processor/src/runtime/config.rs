@@ -30,6 +30,7 @@
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
+//! | `capability.worker_verifying_key_files` (per connector, its workers' verifying keys) | `AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES` (`name=a.pub,b.pub;name=c.pub`) | none: outcomes taken unsigned |
 //! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
 //! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
 //! | `telemetry.stall_after_ms` | `AIRLOCK_TELEMETRY_STALL_AFTER_MS` | `60000` |
@@ -126,6 +127,12 @@ pub struct Capability {
     /// one). Empty leaves dispatch commands unsigned, and connector workers refuse them unless
     /// they are configured with `allow_unsigned = true`.
     pub signing_key_file: PathBuf,
+    /// Per connector name, the verifying keys of its workers (each worker signs its outcomes
+    /// with `capability.signing_key_file` of its own configuration). An outcome naming a
+    /// connector listed here is taken only when it verifies under one of them, else
+    /// dead-lettered as UNSIGNED or FORGED; a connector not listed has its outcomes taken
+    /// unsigned (`airlock run` warns at start).
+    pub worker_verifying_key_files: BTreeMap<String, Vec<PathBuf>>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -379,6 +386,27 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> R
     })
 }
 
+/// `name=a.pub,b.pub;name=c.pub`: per connector, its workers' verifying key files.
+fn worker_key_files(value: &str) -> std::result::Result<BTreeMap<String, Vec<PathBuf>>, String> {
+    let mut out = BTreeMap::new();
+    for entry in value.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, files) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{entry:?} is not connector=file[,file]"))?;
+        let files: Vec<PathBuf> = files
+            .split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        if name.trim().is_empty() || files.is_empty() {
+            return Err(format!("{entry:?} names no connector or no file"));
+        }
+        out.insert(name.trim().to_owned(), files);
+    }
+    Ok(out)
+}
+
 /// Parses the value of environment override `name`; the error names the variable.
 pub fn env_value<T: std::str::FromStr>(name: &'static str, value: String) -> Result<T>
 where
@@ -625,6 +653,14 @@ impl Config {
             "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
             &mut self.capability.signing_key_file,
         );
+        if let Some(v) = (env.0)("AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES") {
+            self.capability.worker_verifying_key_files =
+                worker_key_files(&v).map_err(|message| Error::Env {
+                    name: "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
+                    value: v.clone(),
+                    message,
+                })?;
+        }
         env.take(
             "AIRLOCK_RECEIPTS_SIGNING_KEY_FILE",
             &mut self.receipts.signing_key_file,

@@ -246,6 +246,11 @@ fn decide_records<'a>(
             key: message.key(),
             payload: message.payload(),
             timestamp,
+            capability: message.headers().and_then(|hs| {
+                hs.iter()
+                    .find(|h| h.key == super::wire::header::CAPABILITY)
+                    .and_then(|h| h.value)
+            }),
         };
         if let Some((what, problem)) = unencodable.get(&(topic, message.offset())) {
             task.dead_letter_unencodable(&record, what, problem)?;

@@ -179,6 +179,8 @@ pub struct InputRecord<'a> {
     pub key: Option<&'a [u8]>,
     pub payload: Option<&'a [u8]>,
     pub timestamp: i64,
+    /// The record's `airlock-capability` header: an outcome's signature by its worker.
+    pub capability: Option<&'a [u8]>,
 }
 
 /// An input record's offset against the task's next offset to consume.
@@ -854,6 +856,7 @@ impl PartitionTask {
         if let Some((field, len)) = input.oversized_identifier(max) {
             return Err(Refusal {
                 reason: Reason::Oversized,
+                code: None,
                 detail: format!("{field} is {len} bytes, the limit is {max}"),
                 reply: reply_target(&input).filter(|(id, key, run)| {
                     id.len() <= max
@@ -862,11 +865,34 @@ impl PartitionTask {
                 }),
             });
         }
+        // An outcome settles an effect: it counts only signed by a worker of its connector,
+        // where that connector's worker keys are configured.
+        if let Input::Outcome(o) = &input
+            && let Some(keys) = self.task.core().worker_keys(&o.connector)
+            && let Err(refused) = capability::verify_outcome_any(
+                keys,
+                rec.capability,
+                &o.connector,
+                rec.payload.unwrap_or_default(),
+            )
+        {
+            return Err(Refusal {
+                reason: Reason::Malformed,
+                code: Some(refused.code()),
+                detail: format!(
+                    "outcome {} is not signed by a worker of connector {}: {refused}",
+                    wire::clip(&o.outcome_id, max),
+                    o.connector
+                ),
+                reply: None,
+            });
+        }
         if let Some(operation_key) = input.operation_key() {
             let reply_to = reply_target(&input);
             if rec.key != Some(operation_key.as_bytes()) {
                 return Err(Refusal {
                     reason: Reason::KeyMismatch,
+                    code: None,
                     detail: format!(
                         "the record's Kafka key {:?} is not its operation key {operation_key:?}",
                         rec.key
@@ -879,6 +905,7 @@ impl PartitionTask {
             if owner != self.partition() {
                 return Err(Refusal {
                     reason: Reason::KeyMismatch,
+                    code: None,
                     detail: format!(
                         "operation key {operation_key:?} belongs to partition {owner} (murmur2), \
                          the record arrived on partition {}: the producer does not use the \
@@ -907,6 +934,7 @@ impl PartitionTask {
             rec,
             Refusal {
                 reason: Reason::Oversized,
+                code: None,
                 detail: format!("its {what} cannot be written: {problem}"),
                 reply,
             },
@@ -915,7 +943,8 @@ impl PartitionTask {
 
     fn dead_letter(&mut self, rec: &InputRecord<'_>, mut refusal: Refusal) -> Result<()> {
         self.counters.dead_lettered += 1;
-        self.observed.dead_letters.push(refusal.reason);
+        let code = refusal.code.unwrap_or(refusal.reason.as_str());
+        self.observed.dead_letters.push(code);
         let partition = self.partition();
         let owner_epoch = self.owner_epoch();
         refusal.detail = wire::clip(&refusal.detail, wire::MAX_DETAIL_BYTES).into_owned();
@@ -929,10 +958,7 @@ impl PartitionTask {
             &mut headers,
         );
         headers.extend([
-            (
-                header::DLQ_REASON.to_owned(),
-                refusal.reason.as_str().as_bytes().to_vec(),
-            ),
+            (header::DLQ_REASON.to_owned(), code.as_bytes().to_vec()),
             (
                 header::DLQ_DETAIL.to_owned(),
                 refusal.detail.clone().into_bytes(),
@@ -1131,6 +1157,10 @@ impl PartitionTask {
 #[derive(Debug)]
 struct Refusal {
     reason: Reason,
+    /// The dead letter's reason code when it is not `reason`'s name: an input refused for
+    /// what no decision names (an outcome whose signature does not verify: `UNSIGNED`,
+    /// `FORGED`, the codes connector workers use), which gets no reply.
+    code: Option<&'static str>,
     detail: String,
     reply: Option<(String, String, Option<String>)>,
 }
@@ -1139,6 +1169,7 @@ impl Refusal {
     fn new(reason: Reason, detail: impl Into<String>) -> Self {
         Refusal {
             reason,
+            code: None,
             detail: detail.into(),
             reply: None,
         }
@@ -1370,6 +1401,7 @@ mod tests {
             key: Some(key),
             payload: Some(payload),
             timestamp: NOW,
+            capability: None,
         }
     }
 
@@ -1454,6 +1486,7 @@ mod tests {
                 key: Some(key),
                 payload: value.as_deref(),
                 timestamp: NOW,
+                capability: None,
             })
             .unwrap();
             *at += 1;
@@ -1695,6 +1728,7 @@ mod tests {
                 key: Some(key),
                 payload: Some(&payload),
                 timestamp: NOW,
+                capability: None,
             })
             .unwrap();
             last = fingerprint(Some(NOW), Some(key), Some(&payload));

@@ -101,7 +101,8 @@ pub struct Observed {
     pub inputs: Vec<Source>,
     /// Input records read with their producer's timestamp (CreateTime), barriers included.
     pub producer_time: Vec<Source>,
-    pub dead_letters: Vec<Reason>,
+    /// The reason code of each dead letter (a `Reason`'s name, or `UNSIGNED` / `FORGED`).
+    pub dead_letters: Vec<&'static str>,
     /// Dispatch commands staged: attempts.
     pub dispatches: u64,
     /// Of which epoch 1: logical calls.
@@ -390,7 +391,7 @@ impl Telemetry {
         add_by_source(&self.inputs, &observed.inputs);
         add_by_source(&self.producer_time, &observed.producer_time);
         for reason in &observed.dead_letters {
-            self.dead_letters.inc(&[reason.as_str()]);
+            self.dead_letters.inc(&[reason]);
         }
         if observed.dispatches > 0 {
             self.dispatches.add(&[], observed.dispatches);

@@ -83,6 +83,10 @@ pub struct Core {
     /// key of its own, so that whoever can verify or forge one kind of signature cannot touch
     /// the other. Like the capability key, never read by a decision.
     receipt_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
+    /// Per connector, the verifying keys of its workers: the shell takes an outcome naming a
+    /// connector listed here only when its signature verifies (see `crate::capability`).
+    worker_keys:
+        std::sync::Arc<std::collections::BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>>,
 }
 
 /// A reply owed to whoever sent an input: verdict, reason, human-readable detail.
@@ -124,6 +128,7 @@ impl Core {
             config,
             capability_key: None,
             receipt_key: None,
+            worker_keys: Default::default(),
         }
     }
 
@@ -136,6 +141,24 @@ impl Core {
     /// The key dispatch commands are signed with; `None` leaves them unsigned.
     pub fn capability_key(&self) -> Option<&ed25519_dalek::SigningKey> {
         self.capability_key.as_deref()
+    }
+
+    /// This core with its connectors' worker verifying keys (see [`Core::worker_keys`]).
+    pub fn with_worker_keys(
+        mut self,
+        keys: std::collections::BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>,
+    ) -> Self {
+        self.worker_keys = std::sync::Arc::new(keys);
+        self
+    }
+
+    /// The verifying keys of `connector`'s workers; `None` when none are configured and its
+    /// outcomes are taken unsigned.
+    pub fn worker_keys(&self, connector: &str) -> Option<&[ed25519_dalek::VerifyingKey]> {
+        self.worker_keys
+            .get(connector)
+            .map(Vec::as_slice)
+            .filter(|k| !k.is_empty())
     }
 
     /// This core with the key the task signs receipts with (see `crate::receipt`).
