@@ -49,6 +49,10 @@ pub struct Stack {
     pub workers: Vec<Worker>,
     pub ledger: Option<Ledger>,
     pub processor: Option<Proc>,
+    /// The workers' own key pair (signing, verifying), made in `work` on first use: workers
+    /// sign their outcomes with it and the processor takes the connector's outcomes only
+    /// signed with it.
+    worker_keys: Option<(PathBuf, PathBuf)>,
 }
 
 impl Stack {
@@ -75,11 +79,22 @@ impl Stack {
             workers: Vec::new(),
             ledger: None,
             processor: None,
+            worker_keys: None,
         }
+    }
+
+    /// The workers' key pair (see `worker_keys`), made on first use.
+    fn worker_keys(&mut self) -> anyhow::Result<(PathBuf, PathBuf)> {
+        if let Some(keys) = &self.worker_keys {
+            return Ok(keys.clone());
+        }
+        let keys = capability::write_key_pair(&capability::generate()?, &self.work.join("worker"))?;
+        Ok(self.worker_keys.insert(keys).clone())
     }
 
     /// `airlock run` with the demo's configuration and a state directory of its own.
     pub fn start_processor(&mut self) -> anyhow::Result<&Proc> {
+        let (_, verifying) = self.worker_keys()?;
         let mut command = Command::new(&self.bins.airlock);
         command.arg("run");
         if let Some(file) = &self.config_file {
@@ -88,6 +103,10 @@ impl Stack {
         command
             .env("AIRLOCK_STATE_DIR", self.work.join("processor-state"))
             .env("AIRLOCK_LOG", &self.log_level)
+            .env(
+                "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
+                format!("{}={}", self.connector, verifying.display()),
+            )
             .env(capability::ALLOW_DEMO_KEY_ENV, "1");
         if std::env::var_os("AIRLOCK_INSTANCE").is_none() {
             command.env("AIRLOCK_INSTANCE", "demo-processor");
@@ -128,6 +147,7 @@ impl Stack {
 
     /// Starts connector worker `id` in consumer group `group` against the ledger.
     pub fn start_worker(&mut self, id: &str, group: &str) -> anyhow::Result<&Worker> {
+        let (signing, _) = self.worker_keys()?;
         let ledger = self.ledger()?.url();
         let properties: Vec<String> = self
             .config
@@ -151,6 +171,7 @@ impl Stack {
             .env("AIRLOCK_CONNECTOR_BASE_URL", ledger)
             .env("AIRLOCK_CONNECTOR_WORKER_ID", id)
             .env("AIRLOCK_CONNECTOR_GROUP_ID", group)
+            .env("AIRLOCK_CONNECTOR_SIGNING_KEY_FILE", &signing)
             .env("AIRLOCK_LOG", &self.log_level);
         if !properties.is_empty() {
             command.env("AIRLOCK_KAFKA_PROPERTIES", properties.join(","));
