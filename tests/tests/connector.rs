@@ -302,9 +302,18 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
         capability::sign_fence(&intruder, &topic, partition, 999_999),
     ));
     let unsigned_marker = OutRecord::fence_marker(&topic, partition, 999_998);
+    // An unreadable epoch ahead of the real one: readers take the last header of a name.
+    let mut doubled_marker = OutRecord::fence_marker(&topic, partition, 999_997);
+    doubled_marker
+        .headers
+        .insert(0, (header::OWNER_EPOCH.to_owned(), b"x".to_vec()));
     let client = a.config.client_config();
     std::thread::spawn(move || -> anyhow::Result<()> {
-        Producer::new(&client, 0)?.send_phased(&[forged_marker, unsigned_marker])?;
+        Producer::new(&client, 0)?.send_phased(&[
+            forged_marker,
+            unsigned_marker,
+            doubled_marker,
+        ])?;
         Ok(())
     })
     .join()
@@ -331,13 +340,13 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
             .find(|o| o.kind == OutcomeKind::Committed))
     })
     .await;
-    let dead = eventually("nine dead letters from the worker", WAIT, async || {
+    let dead = eventually("ten dead letters from the worker", WAIT, async || {
         let letters: Vec<_> = a
             .read_topic(&a.names.dlq())?
             .into_iter()
             .filter(|r| r.admit == Admit::Accept && r.header("airlock-connector-worker").is_some())
             .collect();
-        Ok((letters.len() >= 9).then_some(letters))
+        Ok((letters.len() >= 10).then_some(letters))
     })
     .await;
     if genuine_outcome.is_err() || dead.is_err() {
@@ -371,6 +380,11 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     );
     assert_eq!(
         reasons[&format!("{FENCE_KEY_PREFIX}999998")],
+        "UNSIGNED",
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons[&format!("{FENCE_KEY_PREFIX}999997")],
         "UNSIGNED",
         "{reasons:?}"
     );

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::topics::{self, Names};
-use airlock_processor::runtime::wire::{Admit, BARRIER_KIND, FENCE_KIND, FenceFilter, header};
+use airlock_processor::runtime::wire::{self, Admit, BARRIER_KIND, FenceFilter, header};
 use airlock_processor::telemetry::server::{self, Server};
 use airlock_schemas::{Codec, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
@@ -457,9 +457,11 @@ fn run_loop(
             .iter()
             .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
         // A fence marker raises the fence only once its capability verifies.
-        let forged_marker = marker_epoch(&headers).and_then(|epoch| {
+        let forged_marker = wire::marker_epoch(headers.iter().copied()).and_then(|epoch| {
+            // The last one, as for every header a reader takes.
             let capability = headers
                 .iter()
+                .rev()
                 .find(|(k, _)| *k == header::CAPABILITY)
                 .map(|(_, v)| *v);
             handler
@@ -531,21 +533,6 @@ fn run_loop(
     drop(consumer);
     producer.flush(Duration::from_secs(30))?;
     Ok(summary)
-}
-
-/// The owner epoch of a fence marker (`None` for any other record, or a marker without a
-/// readable epoch, which the fence filter does not take as one either).
-fn marker_epoch(headers: &[(&str, &[u8])]) -> Option<i64> {
-    let is_marker = headers
-        .iter()
-        .any(|(k, v)| *k == header::KIND && *v == FENCE_KIND.as_bytes());
-    if !is_marker {
-        return None;
-    }
-    headers
-        .iter()
-        .find(|(k, _)| *k == header::OWNER_EPOCH)
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
 }
 
 /// Commits `offset` of the dispatch partition synchronously: true when the group took it.

@@ -12,8 +12,8 @@
 //! of its last batch: applying that prefix would advance some rows (an input offset, the
 //! journal sequence) without the others, and the next owner would skip inputs or number events
 //! twice. The prefix is dropped instead, the inputs it covered are decided again, and the claim
-//! writes its own value of every key the prefix touched, so that later restores, which read the
-//! prefix as ordinary rows, end with the same state.
+//! writes its own value of every key the prefix touched with its first batch, so that later
+//! restores, which apply the prefix just before that batch, end with the same state.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -333,11 +333,6 @@ impl Claim {
                     }
                 } else {
                     filter_admit(&mut filter, &topic, partition, epoch, true);
-                    for (offset, record) in batches.marker() {
-                        apply(&mut store, partition, offset, record)?;
-                        applied += 1;
-                        self.telemetry.restored_records.inc(&[]);
-                    }
                 }
                 // Bounded memory: the staged rows are written out every 10,000 or so, at a
                 // batch boundary (a crash meanwhile leaves a store without an owner epoch,
@@ -380,14 +375,15 @@ impl Claim {
         // 3. Claim the next owner epoch; fence markers go out before any other output.
         let epoch = max_epoch + 1;
         report.owner_epoch = epoch;
+        // Staged, committed only with the caught-up state and its changelog position below: a
+        // claim that fails in between leaves the store without this epoch, so the next claim
+        // finds the marker written here above the store's epoch and rebuilds, instead of
+        // taking a state that lacks the rows step 4 would have applied for its own.
         store.stage_raw(
             Table::Meta,
             META_OWNER_EPOCH,
             Some(epoch.to_be_bytes().to_vec()),
         );
-        store
-            .commit()
-            .map_err(|source| Error::Store { partition, source })?;
         // The changelog's marker is acknowledged before any other topic's: a changelog row of
         // the old owner that precedes it (and is restored) had its outputs acknowledged before
         // that row was sent, hence before every other marker, so they are not fenced; a row
@@ -441,11 +437,6 @@ impl Claim {
                 None => {
                     if their != epoch {
                         filter_admit(&mut filter, &topic, partition, their, true);
-                        for (offset, record) in batches.marker() {
-                            apply(&mut store, partition, offset, record)?;
-                            applied += 1;
-                            self.telemetry.restored_records.inc(&[]);
-                        }
                     }
                 }
             }
@@ -651,11 +642,20 @@ struct Row {
 
 /// Accepted changelog rows held until their batch is known whole.
 ///
-/// A batch ends at its row marked [`wire::header::BATCH_END`]. Rows after the last end are
-/// held: a later owner's fence marker releases them (that owner claimed after them and wrote
-/// over whatever of them was torn, and a compaction may have removed the end row since, as a
-/// later row of its key superseded it, so they are applied as they were then), and at the
-/// claiming task's own marker they are the previous owner's torn last batch ([`torn`]).
+/// A batch ends at its row marked [`wire::header::BATCH_END`]; the rows read since the last
+/// end are held until the next one and applied with it, in log order. Held rows can span
+/// several batches and cross fence markers:
+/// - a whole batch whose end row a compaction removed (a later row of the same key superseded
+///   it) is held until a later batch's end; a compaction leaves the end of the log's latest
+///   batch in place at least;
+/// - the torn last batch of an owner, followed by the marker of the owner that claimed next:
+///   that owner dropped the torn rows and wrote its own values of their keys with its first
+///   batch, so they are applied at that batch's end and superseded by it. If that owner died
+///   before its first batch landed, nothing ends them before the next claim's own marker, and
+///   that claim drops them too.
+///
+/// At the claiming task's own marker every held row is of a batch that never reached the
+/// changelog whole ([`torn`]).
 ///
 /// [`torn`]: WholeBatches::torn
 #[derive(Default)]
@@ -664,8 +664,8 @@ struct WholeBatches {
 }
 
 impl WholeBatches {
-    /// Takes an accepted row at `offset`; returns the rows to apply now, in order: its whole
-    /// batch when it ends one, else none.
+    /// Takes an accepted row at `offset`; returns the rows to apply now, in order: every held
+    /// row and this one when it ends a batch, else none.
     fn row(&mut self, offset: i64, row: Row) -> Vec<(i64, ChangelogRecord)> {
         self.held.push((offset, row.record));
         if row.ends_batch {
@@ -673,11 +673,6 @@ impl WholeBatches {
         } else {
             Vec::new()
         }
-    }
-
-    /// An accepted fence marker of another owner: the held rows, to apply.
-    fn marker(&mut self) -> Vec<(i64, ChangelogRecord)> {
-        std::mem::take(&mut self.held)
     }
 
     /// The rows still held at the claiming task's own marker: a batch that never reached the
@@ -795,6 +790,12 @@ mod tests {
             .is_transient()
         );
         assert!(!kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::Fatal)).is_transient());
+        assert!(
+            !kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::TopicAuthorizationFailed
+            ))
+            .is_transient()
+        );
         let stalled = Error::Stalled {
             partition: 0,
             at: 1,
@@ -848,16 +849,22 @@ mod tests {
         }
     }
 
-    /// A later owner's marker behind a torn batch: that owner claimed after it and wrote over
-    /// it, so what is left of it (a compaction may have removed its end row) is applied as it
-    /// was then; a later torn batch is still held.
+    /// Rows held across another owner's marker (a torn batch, or a whole one whose end row a
+    /// compaction removed) are applied with the next batch that ends, before its rows; with
+    /// none before the claim's own marker (that owner died before its first batch landed),
+    /// they are torn.
     #[test]
-    fn rows_held_at_another_owners_marker_are_applied() {
+    fn rows_held_across_a_marker_wait_for_the_next_batch_end() {
         let mut batches = WholeBatches::default();
         assert!(batches.row(0, row(0, false)).is_empty());
         assert!(batches.row(1, row(1, false)).is_empty());
-        assert_eq!(keys(&batches.marker()), [0, 1]);
+        // (another owner's marker here: nothing is released)
         assert!(batches.row(3, row(3, false)).is_empty());
-        assert_eq!(keys(&batches.torn()), [3]);
+        assert_eq!(keys(&batches.row(4, row(4, true))), [0, 1, 3, 4]);
+
+        let mut batches = WholeBatches::default();
+        assert!(batches.row(0, row(0, false)).is_empty());
+        // (the marker of an owner that died before writing, then this claim's own)
+        assert_eq!(keys(&batches.torn()), [0]);
     }
 }

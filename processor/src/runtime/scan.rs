@@ -85,11 +85,25 @@ pub struct Scanner<'c> {
 
 /// True for a consumer error librdkafka recovers from by itself (a broker gone, a leader
 /// moving, a coordinator loading): a reader logs it and polls on, its stall timeout still
-/// bounding the wait (past it, the last error ends the read). Only librdkafka's fatal errors
-/// end a read at once.
+/// bounding the wait (past it, the last error ends the read). librdkafka's fatal errors end a
+/// read at once, and so do refusals that waiting does not mend (an ACL or authentication
+/// missing, a record over the broker's limit): a claim stops on them with the broker's word
+/// instead of rejoining forever.
 pub fn transient(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
     !matches!(e, KafkaError::MessageConsumptionFatal(_))
-        && e.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
+        && !matches!(
+            e.rdkafka_error_code(),
+            Some(
+                Fatal
+                    | TopicAuthorizationFailed
+                    | GroupAuthorizationFailed
+                    | ClusterAuthorizationFailed
+                    | SaslAuthenticationFailed
+                    | Authentication
+                    | MessageSizeTooLarge
+            )
+        )
 }
 
 /// `fetch_watermarks` of `topic`'s `partition`, asked again on errors until `within` has

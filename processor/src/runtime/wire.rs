@@ -486,6 +486,36 @@ pub enum Admit {
     Fenced { owner_epoch: i64, fence: i64 },
 }
 
+/// A record's `airlock-kind` and `airlock-owner-epoch` headers as every Airlock reader takes
+/// them: the last of each name counts, and an epoch that is not a decimal `i64` is none.
+pub fn kind_and_epoch<'h>(
+    headers: impl IntoIterator<Item = (&'h str, &'h [u8])>,
+) -> (Option<&'h [u8]>, Option<i64>) {
+    let mut kind = None;
+    let mut epoch = None;
+    for (k, v) in headers {
+        match k {
+            header::KIND => kind = Some(v),
+            header::OWNER_EPOCH => {
+                epoch = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok());
+            }
+            _ => {}
+        }
+    }
+    (kind, epoch)
+}
+
+/// The owner epoch of a fence marker, read exactly as [`FenceFilter::admit`] reads it (`None`
+/// for any other record, which raises no fence).
+pub fn marker_epoch<'h>(headers: impl IntoIterator<Item = (&'h str, &'h [u8])>) -> Option<i64> {
+    match kind_and_epoch(headers) {
+        (Some(kind), Some(epoch)) if kind == FENCE_KIND.as_bytes() => Some(epoch),
+        _ => None,
+    }
+}
+
 /// The consumer side of fence 1: the highest marker read per (topic, partition).
 #[derive(Clone, Debug, Default)]
 pub struct FenceFilter {
@@ -500,19 +530,7 @@ impl FenceFilter {
         partition: i32,
         headers: impl IntoIterator<Item = (&'h str, &'h [u8])>,
     ) -> Admit {
-        let mut kind = None;
-        let mut epoch = None;
-        for (k, v) in headers {
-            match k {
-                header::KIND => kind = Some(v),
-                header::OWNER_EPOCH => {
-                    epoch = std::str::from_utf8(v)
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok());
-                }
-                _ => {}
-            }
-        }
+        let (kind, epoch) = kind_and_epoch(headers);
         // Records without an owner epoch are not Airlock's: nothing to fence.
         let Some(epoch) = epoch else {
             return Admit::Accept;
@@ -563,6 +581,26 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect()
+    }
+
+    #[test]
+    fn a_marker_epoch_is_read_as_the_fence_filter_reads_it() {
+        let max = i64::MAX.to_string();
+        let headers = [
+            (header::KIND, FENCE_KIND.as_bytes()),
+            (header::OWNER_EPOCH, b"x".as_slice()),
+            (header::OWNER_EPOCH, max.as_bytes()),
+        ];
+        assert_eq!(marker_epoch(headers), Some(i64::MAX));
+        let mut filter = FenceFilter::default();
+        assert_eq!(filter.admit("t", 0, headers), Admit::Marker(i64::MAX));
+        let not_a_marker = [
+            (header::KIND, FENCE_KIND.as_bytes()),
+            (header::KIND, b"decision".as_slice()),
+            (header::OWNER_EPOCH, b"5".as_slice()),
+        ];
+        assert_eq!(marker_epoch(not_a_marker), None);
+        assert_eq!(filter.admit("t", 1, not_a_marker), Admit::Accept);
     }
 
     #[test]
