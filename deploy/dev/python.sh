@@ -20,7 +20,7 @@ stamp="$venv/.deps-$(sha256sum "$root/clients/python/pyproject.toml" | cut -c1-1
 if [ ! -e "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
     "confluent-kafka>=2.6" "fastavro>=1.9" "mcp>=2.3" "uvicorn>=0.31" "langchain-core>=0.3" \
-    "openai-agents>=0.2" "pytest>=7" \
+    "openai-agents>=0.2" "pytest>=7" "cryptography>=41" \
     "setuptools>=61" wheel >&2
   rm -f "$venv"/.deps-*
   touch "$stamp"

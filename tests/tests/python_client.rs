@@ -63,7 +63,6 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
         .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let _ = processor.kill();
     assert!(
         out.status.success() && !stdout.contains("skipped"),
         "the Python client's integration tests failed (logs in {}):\n{stdout}\n{}",
@@ -80,6 +79,23 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
         assert_eq!(ledger.effects_for(key).await?, 1, "{key}");
     }
     assert_eq!(ledger.effects_total().await?, committed.len() as u64);
+
+    // Last: a forged fence marker stays in the decisions topic for good.
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
+        .arg(root.join("clients/python/tests/forged"))
+        .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
+        .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
+        .env("AIRLOCK_TEST_VERIFYING_KEY", &keys.verifying_file)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !stdout.contains("skipped"),
+        "the forged-marker test of the Python client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+    let _ = processor.kill();
     assert!(worker.stop()?, "the worker stops cleanly");
     Ok(())
 }

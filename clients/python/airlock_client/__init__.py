@@ -15,7 +15,7 @@ from .client import (
     TimedOut,
     content_id,
 )
-from .fence import FenceFilter
+from .fence import FenceFilter, MarkerVerifier, fence_message
 from .partitioner import murmur2, partition_for
 
 __all__ = [
@@ -27,12 +27,14 @@ __all__ = [
     "Client",
     "Decision",
     "FenceFilter",
+    "MarkerVerifier",
     "Refused",
     "Settlement",
     "TimedOut",
     "arguments_hash",
     "canonicalize",
     "content_id",
+    "fence_message",
     "idempotency_key",
     "murmur2",
     "partition_for",

@@ -16,21 +16,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
+import os
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition
 
 from . import codec
 from .canonical import canonicalize
-from .fence import ACCEPT, BARRIER_KIND, KIND, FenceFilter
+from .fence import ACCEPT, BARRIER_KIND, FORGED, KIND, FenceFilter, MarkerVerifier
 from .partitioner import LIBRDKAFKA_PARTITIONER, partition_for
+
+log = logging.getLogger("airlock_client")
 
 #: Verdicts of a proposal that are not refusals.
 NOT_REFUSED = ("ACCEPTED", "PENDING_APPROVAL", "DUPLICATE", "IN_PROGRESS")
@@ -170,7 +174,14 @@ class _Followed:
 class _Reader(threading.Thread):
     """Reads decisions and outcomes partitions from their start, then follows them."""
 
-    def __init__(self, config: Dict[str, Any], decisions: str, outcomes: str, capacity: int):
+    def __init__(
+        self,
+        config: Dict[str, Any],
+        decisions: str,
+        outcomes: str,
+        capacity: int,
+        verify: Optional[MarkerVerifier] = None,
+    ):
         super().__init__(name="airlock-reader", daemon=True)
         self.consumer = Consumer(config)
         self.decisions = decisions
@@ -179,7 +190,7 @@ class _Reader(threading.Thread):
         self.lock = threading.Lock()
         self.followed: Dict[Tuple[str, int], _Followed] = {}
         self.pending: List[Tuple[str, int]] = []
-        self.fence = FenceFilter()
+        self.fence = FenceFilter(verify)
         # Bounded indexes: answers by the id they reply to, decisions by operation key,
         # outcome evidence by (operation key, epoch). Oldest entries go first.
         self.replies: "OrderedDict[str, List[Decision]]" = OrderedDict()
@@ -303,6 +314,15 @@ class _Reader(threading.Thread):
             state.position = offset + 1
         barrier = any(k == KIND and v == BARRIER_KIND for k, v in headers)
         admitted = self.fence.admit(topic, partition, headers)
+        if admitted.verdict == FORGED:
+            log.warning(
+                "%s partition %d offset %d: a fence marker (owner epoch %s) that does not "
+                "verify under the processor's keys: ignored",
+                topic,
+                partition,
+                offset,
+                admitted.owner_epoch,
+            )
         if not barrier and admitted.verdict == ACCEPT and message.value() is not None:
             if topic == self.decisions:
                 self._take_decision(message.value(), partition, offset)
@@ -370,6 +390,11 @@ class Client:
     ``capacity``: how many operation keys' answers the reader keeps in memory.
     ``schema_id``: publish in the Confluent wire format with this registry id of the
     ToolProposal schema instead of Avro single-object encoding.
+    ``verifying_keys``: the processor's capability verifying keys (paths of the ``.pub``
+    files ``airlock keygen`` writes, or 32 key bytes; several during a rotation). With them, a
+    fence marker raises the reader's fence only when its signature verifies, so that a forged
+    marker cannot hide every later answer; needs the ``cryptography`` package
+    (``pip install 'airlock-client[verify]'``).
     """
 
     def __init__(
@@ -382,7 +407,9 @@ class Client:
         capacity: int = 100_000,
         schema_id: Optional[int] = None,
         timeout: float = 30.0,
+        verifying_keys: Optional[Sequence[Union[str, bytes, "os.PathLike[str]"]]] = None,
     ):
+        verify = MarkerVerifier(verifying_keys) if verifying_keys else None
         common: Dict[str, Any] = {"bootstrap.servers": bootstrap_servers}
         common.update(kafka or {})
         self.proposals = f"{topic_prefix}proposals"
@@ -411,6 +438,7 @@ class Client:
             self.decisions,
             self.outcomes,
             capacity,
+            verify,
         )
         self._reader.start()
 

@@ -9,8 +9,10 @@ import pytest
 from airlock_client import (
     CanonicalError,
     FenceFilter,
+    MarkerVerifier,
     canonicalize,
     content_id,
+    fence_message,
     idempotency_key,
     murmur2,
     partition_for,
@@ -110,6 +112,36 @@ def test_the_fence(vectors):
                 headers.append(("airlock-owner-epoch", r["owner_epoch"].encode()))
             got.append(f.admit("t", 0, headers).verdict)
         assert got == case["verdicts"], case["name"]
+
+
+def test_signed_fence_markers(vectors):
+    signed = vectors["fence_signatures"]
+    verify = MarkerVerifier([bytes.fromhex(signed["verifying_key"])])
+    for m in signed["markers"]:
+        topic, partition, epoch = m["topic"], m["partition"], m["owner_epoch"]
+        capability = bytes.fromhex(m["capability"])
+        assert fence_message(topic, partition, epoch).hex() == m["message"], m
+        assert verify(topic, partition, epoch, capability), m
+        assert not verify(topic, partition, epoch + 1, capability), m
+        assert not verify(topic + "x", partition, epoch, capability), m
+        assert not verify(topic, partition, epoch, None), m
+        assert not verify(topic, partition, epoch, b"\x02" + capability[1:]), m
+    # A reader with the key: an unsigned marker of a huge epoch raises no fence, a signed one
+    # does, and the answers behind it stay readable.
+    m = signed["markers"][0]
+    f = FenceFilter(verify)
+    topic, partition, epoch = m["topic"], m["partition"], m["owner_epoch"]
+    forged = [("airlock-kind", b"fence"), ("airlock-owner-epoch", b"999999")]
+    assert f.admit(topic, partition, forged).verdict == "forged"
+    genuine = [
+        ("airlock-kind", b"fence"),
+        ("airlock-owner-epoch", str(epoch).encode()),
+        ("airlock-capability", bytes.fromhex(m["capability"])),
+    ]
+    assert f.admit(topic, partition, genuine).verdict == "marker"
+    answer = [("airlock-kind", b"decision"), ("airlock-owner-epoch", str(epoch).encode())]
+    assert f.admit(topic, partition, answer).verdict == "accept"
+    assert f.admit(topic, partition, [("airlock-owner-epoch", b"4")]).verdict == "fenced"
 
 
 def test_derived_ids(vectors):

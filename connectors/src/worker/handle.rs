@@ -107,17 +107,9 @@ impl Handler {
         commit: impl FnOnce() -> bool,
     ) -> Result<Handled> {
         let source = record.source;
-        let cx = trace::consume(
+        let cx = self.span(
             format_args!("handle {} command", self.reporter.connector),
-            source.topic,
-            source.partition,
-            source.offset,
-            || {
-                [
-                    KeyValue::new("airlock.connector", self.reporter.connector.clone()),
-                    KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
-                ]
-            },
+            source,
             record.parent,
         );
         // The command's own name, key and epoch, once it is known.
@@ -393,16 +385,11 @@ impl Handler {
         Ok(Handled::Reconciled(kind))
     }
 
-    /// Dead-letters a fence marker that did not verify (`refused`): it raises no fence.
-    pub fn refuse_marker(
-        &self,
-        source: Source<'_>,
-        parent: &Context,
-        refused: &Refused,
-        commit: impl FnOnce() -> bool,
-    ) -> Result<Handled> {
-        let cx = trace::consume(
-            format_args!("refuse {} fence marker", self.reporter.connector),
+    /// The span named `name` of handling the record at `source` (a child of `parent`, the
+    /// record's trace), with the connector and worker as attributes.
+    fn span(&self, name: std::fmt::Arguments<'_>, source: Source<'_>, parent: &Context) -> Context {
+        trace::consume(
+            name,
             source.topic,
             source.partition,
             source.offset,
@@ -412,6 +399,21 @@ impl Handler {
                     KeyValue::new("airlock.worker_id", self.reporter.worker_id.clone()),
                 ]
             },
+            parent,
+        )
+    }
+
+    /// Dead-letters a fence marker that did not verify (`refused`): it raises no fence.
+    pub fn refuse_marker(
+        &self,
+        source: Source<'_>,
+        parent: &Context,
+        refused: &Refused,
+        commit: impl FnOnce() -> bool,
+    ) -> Result<Handled> {
+        let cx = self.span(
+            format_args!("refuse {} fence marker", self.reporter.connector),
+            source,
             parent,
         );
         let detail = format!("fence marker: {refused}");

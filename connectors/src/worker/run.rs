@@ -16,9 +16,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::runtime::rejoin::Rejoin;
 use airlock_processor::runtime::topics::{self, Names};
 use airlock_processor::runtime::wire::{self, Admit, BARRIER_KIND, FenceFilter, header};
 use airlock_processor::telemetry::server::{self, Server};
@@ -66,11 +67,6 @@ impl Error {
     }
 }
 
-/// The first pause before a worker whose claim failed joins its group again; it doubles on
-/// each failure in a row, up to [`REJOIN_PAUSE_MAX`].
-const REJOIN_PAUSE: Duration = Duration::from_secs(2);
-const REJOIN_PAUSE_MAX: Duration = Duration::from_secs(30);
-
 /// What a worker did, reported when it stops.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -112,11 +108,9 @@ struct Owned {
 struct Shared {
     owned: BTreeMap<i32, Owned>,
     fatal: Option<Error>,
-    /// A claim failed transiently: the worker leaves its group and joins again at this time,
-    /// so that the partitions are assigned anew (to it or to another worker).
-    rejoin_at: Option<Instant>,
-    /// Claims that failed in a row; the pause before rejoining grows with them.
-    failed_claims: u32,
+    /// After a claim failed transiently the worker owns nothing, leaves its group and joins
+    /// again after a pause, so that the partitions are assigned anew.
+    rejoin: Rejoin,
 }
 
 struct Ctx {
@@ -146,27 +140,19 @@ impl ConsumerContext for Ctx {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 match self.assign(consumer, &mut shared, tpl) {
-                    Ok(()) => {
-                        // A good claim (a rebalance during the pause) needs no rejoin.
-                        shared.failed_claims = 0;
-                        shared.rejoin_at = None;
-                    }
+                    Ok(()) => shared.rejoin.claimed(),
                     Err(e) if e.is_transient() => {
-                        let pause = REJOIN_PAUSE
-                            .saturating_mul(1 << shared.failed_claims.min(4))
-                            .min(REJOIN_PAUSE_MAX);
-                        shared.failed_claims += 1;
+                        let pause = shared.rejoin.failed();
                         log::error!(
                             "taking partitions: {e}; leaving the group, joining again in {pause:?}"
                         );
-                        shared.rejoin_at = Some(Instant::now() + pause);
                     }
                     Err(e) => {
                         log::error!("taking partitions: {e}");
                         shared.fatal.get_or_insert(e);
                     }
                 }
-                if shared.fatal.is_some() || shared.rejoin_at.is_some() {
+                if shared.fatal.is_some() || shared.rejoin.pending() {
                     shared.owned.clear();
                     self.owned(&shared);
                     if let Err(e) = consumer.assign(&TopicPartitionList::new()) {
@@ -339,8 +325,7 @@ fn run_loop(
     let shared = Arc::new(Mutex::new(Shared {
         owned: BTreeMap::new(),
         fatal: None,
-        rejoin_at: None,
-        failed_claims: 0,
+        rejoin: Rejoin::default(),
     }));
     let ctx = Ctx {
         shared: shared.clone(),
@@ -415,14 +400,7 @@ fn run_loop(
     let mut summary = Summary::default();
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.health.beat();
-        let rejoin = {
-            let mut shared = lock(&shared);
-            match shared.rejoin_at {
-                Some(at) if at <= Instant::now() => shared.rejoin_at.take(),
-                _ => None,
-            }
-        };
-        if rejoin.is_some() {
+        if lock(&shared).rejoin.due() {
             log::info!("worker {worker_id}: joining the group of {dispatch} again");
             consumer.unsubscribe();
             consumer.subscribe(&[dispatch.as_str()])?;

@@ -1,7 +1,7 @@
 //! The shared test vectors of Airlock's client contract, `schemas/vectors/client.json`: what
 //! a client in any language must compute byte for byte as the processor does (canonical
 //! arguments and their hash, idempotency keys, partitions, Avro payloads in both framings,
-//! the owner-epoch fence, derived ids). This test writes them from the processor's own code
+//! the owner-epoch fence and signed fence markers, derived ids). This test writes them from the processor's own code
 //! and fails when the file differs; the Python and TypeScript clients' tests read the file.
 //!
 //! After a deliberate change (a new vector, never a changed one: these are frozen contracts),
@@ -282,6 +282,30 @@ fn fence_vectors() -> Value {
     Value::Array(out)
 }
 
+/// Signed fence markers: a reader with the processor's verifying key raises its fence only
+/// for a marker whose `airlock-capability` verifies (`capability::sign_fence`).
+fn fence_signature_vectors() -> Value {
+    let key = crate::capability::SigningKey::from_bytes(&[7; 32]);
+    let cases = [
+        ("airlock.decisions", 3, 5),
+        ("a.dispatch.ledger", 0, 1),
+        ("clé", 11, 1 << 40),
+    ];
+    json!({
+        "verifying_key": hex::encode(key.verifying_key().to_bytes()),
+        "markers": cases
+            .iter()
+            .map(|&(topic, partition, epoch)| json!({
+                "topic": topic,
+                "partition": partition,
+                "owner_epoch": epoch,
+                "message": hex::encode(crate::capability::fence_message(topic, partition, epoch)),
+                "capability": hex::encode(crate::capability::sign_fence(&key, topic, partition, epoch)),
+            }))
+            .collect::<Vec<_>>(),
+    })
+}
+
 fn id_vectors() -> Value {
     let p = proposal();
     let keys = ["refund:txn_1", "email:ord-99/welcome", "clé", ""];
@@ -312,6 +336,7 @@ fn vectors() -> String {
         "partitions": partition_vectors(),
         "avro": avro_vectors(),
         "fence": fence_vectors(),
+        "fence_signatures": fence_signature_vectors(),
         "ids": id_vectors(),
     });
     let mut text = serde_json::to_string_pretty(&doc).expect("json");

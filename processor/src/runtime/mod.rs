@@ -28,6 +28,7 @@ pub mod logging;
 pub mod partition;
 pub mod partitioner;
 pub mod produce;
+pub mod rejoin;
 pub mod restore;
 pub mod run;
 pub mod scan;

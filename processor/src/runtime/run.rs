@@ -51,6 +51,7 @@ use super::flight::{self, Done, Flights};
 use super::intake::Intake;
 use super::partition::{self, PartitionTask, Source};
 use super::produce::{self, Producer};
+use super::rejoin::Rejoin;
 use super::restore::{self, Claim};
 use super::telemetry::{LAG_INTERVAL, Telemetry};
 use super::topics::{self, Names};
@@ -104,11 +105,6 @@ impl Error {
     }
 }
 
-/// The first pause before an instance whose claim failed joins its group again; it doubles
-/// on each failure in a row, up to [`REJOIN_PAUSE_MAX`].
-const REJOIN_PAUSE: Duration = Duration::from_secs(2);
-const REJOIN_PAUSE_MAX: Duration = Duration::from_secs(30);
-
 /// What one instance did, reported when it stops.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -125,11 +121,9 @@ struct Shared {
     flights: Flights,
     /// A failure inside a rebalance callback, raised by the loop after `poll` returns.
     fatal: Option<Error>,
-    /// A claim failed transiently: the instance owns nothing, leaves its group and joins again
-    /// at this time, so that the partitions are assigned anew (to it or to another instance).
-    rejoin_at: Option<Instant>,
-    /// Claims that failed in a row; the pause before rejoining grows with them.
-    failed_claims: u32,
+    /// After a claim failed transiently the instance owns nothing, leaves its group and joins
+    /// again after a pause, so that the partitions are assigned anew.
+    rejoin: Rejoin,
     claims: u64,
     /// Counts rebalances: records polled before one are dropped (the consumer was positioned
     /// again at the stored offsets).
@@ -212,21 +206,15 @@ impl ConsumerContext for Ctx {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let failed = match self.assign(consumer, &mut shared, tpl) {
                     Ok(()) => {
-                        // A good claim (a rebalance during the pause) needs no rejoin.
-                        shared.failed_claims = 0;
-                        shared.rejoin_at = None;
+                        shared.rejoin.claimed();
                         false
                     }
                     Err(e) if e.is_transient() => {
                         self.telemetry.claims_failed.inc(&["true"]);
-                        let pause = REJOIN_PAUSE
-                            .saturating_mul(1 << shared.failed_claims.min(4))
-                            .min(REJOIN_PAUSE_MAX);
-                        shared.failed_claims += 1;
+                        let pause = shared.rejoin.failed();
                         log::error!(
                             "taking partitions: {e}; leaving the group, joining again in {pause:?}"
                         );
-                        shared.rejoin_at = Some(Instant::now() + pause);
                         true
                     }
                     Err(e) => {
@@ -590,8 +578,7 @@ fn run_loop(
         tasks: BTreeMap::new(),
         flights: Flights::with_sender(producer.clone())?,
         fatal: None,
-        rejoin_at: None,
-        failed_claims: 0,
+        rejoin: Rejoin::default(),
         claims: 0,
         generation: 0,
     }));
@@ -653,14 +640,7 @@ fn run_loop(
 
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.beat();
-        let rejoin = {
-            let mut guard = lock(&shared);
-            match guard.rejoin_at {
-                Some(at) if at <= Instant::now() => guard.rejoin_at.take(),
-                _ => None,
-            }
-        };
-        if rejoin.is_some() {
+        if lock(&shared).rejoin.due() {
             log::info!("instance {instance}: joining the group again");
             consumer.unsubscribe();
             consumer.subscribe(&topic_refs)?;
