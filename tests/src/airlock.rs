@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use airlock_processor::cli::run::load_core;
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
-use airlock_processor::runtime::produce::Producer;
+use airlock_processor::runtime::produce::{Acked, Producer};
 use airlock_processor::runtime::run::{self, Summary};
 use airlock_processor::runtime::telemetry::Telemetry;
 use airlock_processor::runtime::topics::{self, Names};
@@ -411,6 +411,18 @@ impl Airlock {
         Ok(())
     }
 
+    /// Produces `records` as Airlock's processes do (idempotent, each to its own partition, in
+    /// order) and returns where they landed. On a thread of its own: the producer blocks on
+    /// its own runtime, and tests call this from inside theirs.
+    pub fn produce(&self, records: Vec<OutRecord>) -> anyhow::Result<Acked> {
+        let client = self.config.client_config();
+        std::thread::spawn(move || -> anyhow::Result<_> {
+            Ok(Producer::new(&client, 0)?.send_phased(&records)?)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the producing thread panicked"))?
+    }
+
     /// Every record of `topic` up to its current end, in partition order, with the fence
     /// verdict of each. The end of each partition is learnt by writing a barrier record there
     /// and reading up to its acknowledged offset: tansu 0.6 reports high watermarks that can
@@ -419,14 +431,7 @@ impl Airlock {
         let barriers: Vec<OutRecord> = (0..self.config.topics.partitions)
             .map(|p| OutRecord::barrier(topic, p))
             .collect();
-        // On a thread of its own: the producer blocks on its own runtime, and tests call this
-        // from inside theirs.
-        let client = self.config.client_config();
-        let acked = std::thread::spawn(move || -> anyhow::Result<_> {
-            Ok(Producer::new(&client, 0)?.send_phased(&barriers)?)
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("barrier thread panicked"))??;
+        let acked = self.produce(barriers)?;
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.config.kafka.brokers)
             .set("group.id", format!("{}reader", self.config.topics.prefix))

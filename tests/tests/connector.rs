@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use airlock_processor::capability::{self, SigningKey};
 use airlock_processor::core::canonical;
 use airlock_processor::runtime::partitioner;
-use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::wire::{Admit, FENCE_KEY_PREFIX, OutRecord, header};
 use airlock_processor::sample;
 use airlock_schemas::{
@@ -307,17 +306,7 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     doubled_marker
         .headers
         .insert(0, (header::OWNER_EPOCH.to_owned(), b"x".to_vec()));
-    let client = a.config.client_config();
-    std::thread::spawn(move || -> anyhow::Result<()> {
-        Producer::new(&client, 0)?.send_phased(&[
-            forged_marker,
-            unsigned_marker,
-            doubled_marker,
-        ])?;
-        Ok(())
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the marker thread panicked"))??;
+    a.produce(vec![forged_marker, unsigned_marker, doubled_marker])?;
 
     let codec = Codec::new();
     let mut payloads = Vec::new();
@@ -459,13 +448,8 @@ fn send_outcome(a: &Airlock, outcome: &Outcome, sign: Option<&SigningKey>) -> an
         headers,
         phase: 0,
     };
-    let client = a.config.client_config();
-    std::thread::spawn(move || -> anyhow::Result<()> {
-        Producer::new(&client, 0)?.send_phased(&[record])?;
-        Ok(())
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the producing thread panicked"))?
+    a.produce(vec![record])?;
+    Ok(())
 }
 
 /// Outcomes settle an effect only when a worker of its connector signed them: an unsigned

@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::wire::{self, Admit, FENCE_KIND, OutRecord, header};
 use airlock_processor::store::keys::Table;
 use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
@@ -196,17 +195,6 @@ fn zombie_row(a: &Airlock, of: &ChangelogRecord) -> anyhow::Result<OutRecord> {
     })
 }
 
-/// Sends records as another producer would (a thread of its own: the producer blocks).
-fn produce(a: &Airlock, records: Vec<OutRecord>) -> anyhow::Result<()> {
-    let client = a.config.client_config();
-    std::thread::spawn(move || -> anyhow::Result<()> {
-        Producer::new(&client, 0)?.send_phased(&records)?;
-        Ok(())
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("producer thread panicked"))?
-}
-
 /// The latest changelog record of each Kafka key, as compaction would keep it.
 fn compacted(a: &Airlock) -> anyhow::Result<BTreeMap<Vec<u8>, Read>> {
     let mut latest = BTreeMap::new();
@@ -293,7 +281,7 @@ async fn an_owner_writes_again_the_keys_a_zombie_wrote_behind_its_marker() -> an
     let b = a.spawn("b")?;
     ask("refund:zombie-1").await?;
     let first = settled_row(&a, "refund:zombie-1", 1).await?;
-    produce(&a, vec![zombie_row(&a, &first)?])?;
+    a.produce(vec![zombie_row(&a, &first)?])?;
     // (Not asserted here: the owner's next changelog write, a checkpoint perhaps, may already
     // have put its row back.)
     // The owner's next batch shows it another writer's records among its own.
@@ -305,7 +293,7 @@ async fn an_owner_writes_again_the_keys_a_zombie_wrote_behind_its_marker() -> an
     let second = settled_row(&a, "refund:zombie-2", 2).await?;
     let checkpoint = Duration::from_millis(a.config.processor.checkpoint_interval_ms);
     tokio::time::sleep(checkpoint + Duration::from_secs(1)).await;
-    produce(&a, vec![zombie_row(&a, &second)?])?;
+    a.produce(vec![zombie_row(&a, &second)?])?;
     // (Not asserted here either: the sweep, once a second, may have run already. Nothing but
     // the sweep writes for the idle owner: without it the wait below times out.)
     wait_for_owners_row(&second, "the idle owner's row of the key written again").await?;
@@ -314,7 +302,7 @@ async fn an_owner_writes_again_the_keys_a_zombie_wrote_behind_its_marker() -> an
     b.stop()?;
 
     // While nobody runs: the next claim finds the zombie's row after what its store knew.
-    produce(&a, vec![zombie_row(&a, &third)?])?;
+    a.produce(vec![zombie_row(&a, &third)?])?;
     assert!(!owners_row_is_latest(&third)?);
     let again = a.spawn("b")?;
     wait_for_owners_row(&third, "the claimer's row of the key written again").await?;
