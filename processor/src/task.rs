@@ -141,11 +141,18 @@ impl<S: Store> Task<S> {
     /// Fires every timer due by `now`, earliest first, each at its own due time, at most
     /// `limit` of them (the rest fire on the next call: bounded work per batch).
     pub fn fire_timers(&mut self, now: i64, limit: usize) -> Result<Vec<Effects>> {
+        Ok(self.fire_timers_counted(now, limit)?.1)
+    }
+
+    /// [`fire_timers`](Self::fire_timers), also returning how many timers it took from the
+    /// index, superseded ones (which do nothing) included: the count a per-batch bound spends.
+    pub fn fire_timers_counted(&mut self, now: i64, limit: usize) -> Result<(usize, Vec<Effects>)> {
         let partition = self.ctx.partition;
         let due = self
             .store
             .due_timers(now, limit)
             .map_err(|source| Error::Store { partition, source })?;
+        let taken = due.len();
         let mut out = Vec::with_capacity(due.len());
         for timer in due {
             let at = timer.due_at;
@@ -154,7 +161,7 @@ impl<S: Store> Task<S> {
                 out.push(effects);
             }
         }
-        Ok(out)
+        Ok((taken, out))
     }
 
     /// A CHECKPOINT journal event carrying the projection hash after everything staged so far.

@@ -190,14 +190,8 @@ fn another_writer_on_the_changelog_freezes_the_known_end() {
     let mut t = task_knowing(dir.path(), Some(40));
     let mut offset = 0;
     let mut batch = |t: &mut PartitionTask, key: &str| {
-        let p = sample::refund(key, 500, 1_000);
-        let payload = codec.encode_single_object(&p).unwrap();
-        t.handle_record(&record(offset, key.as_bytes(), &payload))
-            .unwrap();
         offset += 1;
-        let out = t.seal(2_000).unwrap();
-        let rows = out.records.iter().filter(|r| r.phase == 1).count() as i64;
-        (out.row, rows)
+        refund_batch(t, &codec, offset - 1, key)
     };
     let (row, rows) = batch(&mut t, "refund:o3");
     t.acknowledged(row, Some(span(40, rows)));
@@ -213,6 +207,56 @@ fn another_writer_on_the_changelog_freezes_the_known_end() {
     assert_eq!(known_end(&t), Some(end));
 }
 
+/// A batch whose changelog records the broker took without saying where (a request resent
+/// after a lost response) moves neither the known end nor the range cursor: the next claim
+/// reads them, and the next acknowledgement's range covers them (its reader finds this
+/// owner's own rows there, nothing to write again). Before, the unknown offset (-1001) was
+/// taken for a real one and the range read from it stopped the instance.
+#[test]
+fn changelog_records_acknowledged_without_offsets_are_read_again_not_guessed() {
+    let dir = tempfile::tempdir().unwrap();
+    let codec = Codec::new();
+    let mut t = task_knowing(dir.path(), Some(40));
+    let mut offset = 0;
+    let mut batch = |t: &mut PartitionTask, key: &str| {
+        offset += 1;
+        refund_batch(t, &codec, offset - 1, key)
+    };
+    let (row, rows) = batch(&mut t, "refund:u1");
+    assert_eq!(t.acknowledged(row, Some(span(40, rows))), None);
+    let end = 40 + rows;
+    let (row, unplaced) = batch(&mut t, "refund:u2");
+    let unknown = Span {
+        lowest: i64::MAX,
+        highest: i64::MIN,
+        count: 0,
+        unplaced,
+    };
+    assert!(!unknown.is_contiguous());
+    assert_eq!(t.acknowledged(row, Some(unknown)), None);
+    let (row, rows) = batch(&mut t, "refund:u3");
+    let last = end + unplaced + rows;
+    assert_eq!(
+        t.acknowledged(row, Some(span(end + unplaced, rows))),
+        Some((end, last)),
+        "the range from the last known end covers the records placed nowhere"
+    );
+    t.commit_bookkeeping(2_001).unwrap();
+    assert_eq!(known_end(&t), Some(end), "the next claim reads them");
+}
+
+/// Decides a reference refund of `key` at input `offset` and seals it: the outbox row and how
+/// many changelog records the batch has.
+fn refund_batch(t: &mut PartitionTask, codec: &Codec, offset: i64, key: &str) -> (u64, i64) {
+    let p = sample::refund(key, 500, 1_000);
+    let payload = codec.encode_single_object(&p).unwrap();
+    t.handle_record(&record(offset, key.as_bytes(), &payload))
+        .unwrap();
+    let out = t.seal(2_000).unwrap();
+    let rows = out.records.iter().filter(|r| r.phase == 1).count() as i64;
+    (out.row, rows)
+}
+
 /// A reference refund proposal of `key`, encoded as agents send it.
 fn refund_payload(key: &str) -> Vec<u8> {
     Codec::new()
@@ -225,6 +269,7 @@ fn span(lowest: i64, count: i64) -> Span {
         lowest,
         highest: lowest + count - 1,
         count,
+        unplaced: 0,
     }
 }
 

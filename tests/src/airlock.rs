@@ -121,6 +121,8 @@ impl Airlock {
         config.processor.checkpoint_interval_ms = 2_000;
         // Idle owners look for a zombie's changelog rows every second.
         config.processor.changelog_sweep_ms = 1_000;
+        // Idle timers fire within a quarter second of their due time.
+        config.processor.clock_tick_ms = 250;
         config.state.sync = false;
         let state_root = tempfile::tempdir()?;
         let dir = if options.reference_attempt_timeouts {
@@ -255,6 +257,10 @@ impl Airlock {
             .env(
                 "AIRLOCK_CHANGELOG_SWEEP_MS",
                 config.processor.changelog_sweep_ms.to_string(),
+            )
+            .env(
+                "AIRLOCK_CLOCK_TICK_MS",
+                config.processor.clock_tick_ms.to_string(),
             )
             .env(
                 "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
@@ -428,6 +434,17 @@ impl Airlock {
     /// and reading up to its acknowledged offset: tansu 0.6 reports high watermarks that can
     /// stop inside the last produced batch.
     pub fn read_topic(&self, topic: &str) -> anyhow::Result<Vec<Read>> {
+        self.read_topic_with(topic, false)
+    }
+
+    /// [`read_topic`](Self::read_topic) with the barrier records it reads past (a processor's
+    /// ticks on an input topic, readers' barriers, this read's own at the end): for a test that
+    /// copies a topic record for record.
+    pub fn read_topic_and_barriers(&self, topic: &str) -> anyhow::Result<Vec<Read>> {
+        self.read_topic_with(topic, true)
+    }
+
+    fn read_topic_with(&self, topic: &str, barriers_too: bool) -> anyhow::Result<Vec<Read>> {
         let barriers: Vec<OutRecord> = (0..self.config.topics.partitions)
             .map(|p| OutRecord::barrier(topic, p))
             .collect();
@@ -442,9 +459,7 @@ impl Airlock {
         let mut ends = std::collections::BTreeMap::new();
         for p in 0..self.config.topics.partitions {
             let (low, _) = consumer.fetch_watermarks(topic, p, TIMEOUT)?;
-            let end = acked
-                .offset_of(topic, p)
-                .context("the barrier was acknowledged")?;
+            let end = acked.placed(topic, p)?;
             if end > low {
                 tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
                 ends.insert(p, end);
@@ -486,9 +501,10 @@ impl Airlock {
                 })
                 .unwrap_or_default();
             // Barriers (this reader's and others') are not data.
-            if headers
-                .iter()
-                .any(|(k, v)| k == header::KIND && v.as_slice() == BARRIER_KIND.as_bytes())
+            if !barriers_too
+                && headers
+                    .iter()
+                    .any(|(k, v)| k == header::KIND && v.as_slice() == BARRIER_KIND.as_bytes())
             {
                 continue;
             }

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_processor::runtime::wire::{Admit, header};
+use airlock_processor::runtime::partition::Source;
+use airlock_processor::runtime::wire::{self, Admit, header};
 use airlock_processor::store::keys::Table;
 use airlock_processor::store::{RocksBackend, RocksOptions, StateStore, Store};
 use airlock_schemas::{
@@ -52,23 +53,31 @@ async fn a_changelog_cut_inside_a_batch_is_restored_to_its_last_whole_batch() ->
     p1.stop()?;
     proposals.extend(last);
 
-    let inputs = a.read_topic(&topic)?;
+    // Every input topic, barriers too (the processor's ticks): copied with the rest, they keep
+    // every record at its offset, and the last one consumed keeps its fingerprint.
+    let all_inputs = Source::ALL
+        .map(|s| Ok((s, a.read_topic_and_barriers(&a.names.input(s))?)))
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let inputs = all_inputs[0].1.clone();
     let changelog = a.read_topic(&a.names.changelog())?;
     let replies = normalized_replies(&a)?;
     let journal = journal_by_sequence(&a)?;
 
-    // The last batch that consumed inputs: it holds an input offset row.
+    // The last batch that decided proposals: it holds an input offset row and effect rows (a
+    // batch of ticks alone holds an offset row only).
     let batches = batches(&changelog);
+    let has = |first: usize, end: usize, table: Table| {
+        changelog[first..=end]
+            .iter()
+            .any(|r| r.key.as_ref().and_then(|k| k.first()) == Some(&table.prefix()))
+    };
     let (first, end) = batches
         .iter()
         .rev()
         .copied()
-        .find(|&(first, end)| {
-            changelog[first..=end]
-                .iter()
-                .any(|r| r.key.as_ref().and_then(|k| k.first()) == Some(&Table::Offset.prefix()))
-        })
-        .context("a batch that consumed inputs")?;
+        .find(|&(first, end)| has(first, end, Table::Offset) && has(first, end, Table::Effect))
+        .context("a batch that decided proposals")?;
     let len = end + 1 - first;
     assert!(len >= 3, "the last deciding batch has {len} changelog rows");
     eprintln!(
@@ -83,12 +92,17 @@ async fn a_changelog_cut_inside_a_batch_is_restored_to_its_last_whole_batch() ->
             .await?;
         // The inputs keep their times: producer time on the copy's input topic.
         let admin: AdminClient<DefaultClientContext> = b.config.client_config().create()?;
+        let copied_inputs = Source::ALL.map(|s| b.names.input(s));
+        let alter: Vec<AlterConfig<'_>> = copied_inputs
+            .iter()
+            .map(|t| {
+                AlterConfig::new(ResourceSpecifier::Topic(t))
+                    .set("message.timestamp.type", "CreateTime")
+            })
+            .collect();
         admin
             .alter_configs(
-                &[
-                    AlterConfig::new(ResourceSpecifier::Topic(&b.names.proposals()))
-                        .set("message.timestamp.type", "CreateTime"),
-                ],
+                &alter,
                 &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
             )
             .await?
@@ -96,14 +110,9 @@ async fn a_changelog_cut_inside_a_batch_is_restored_to_its_last_whole_batch() ->
             .collect::<Result<Vec<_>, _>>()
             .map_err(|(r, e)| anyhow::anyhow!("altering {r:?}: {e}"))?;
         let to_b = b.producer()?;
-        copy(
-            &to_b,
-            &inputs,
-            &b.names.proposals(),
-            true,
-            |r| Ok(r.clone()),
-        )
-        .await?;
+        for ((_, records), to) in all_inputs.iter().zip(&copied_inputs) {
+            copy(&to_b, records, to, true, |r| Ok(r.clone())).await?;
+        }
         copy(
             &to_b,
             &changelog[..first + k],
@@ -122,7 +131,9 @@ async fn a_changelog_cut_inside_a_batch_is_restored_to_its_last_whole_batch() ->
             .unwrap_or(0);
         let again: Vec<String> = inputs
             .iter()
-            .filter(|r| r.offset >= resumes_at)
+            .filter(|r| {
+                r.offset >= resumes_at && !wire::is_barrier(r.key.as_deref(), r.value.as_deref())
+            })
             .map(proposal_id)
             .collect::<anyhow::Result<_>>()?;
 

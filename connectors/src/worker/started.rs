@@ -50,9 +50,8 @@ impl Error {
     /// stalled. Only librdkafka's fatal errors are not.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Kafka { source, .. }
-            | Error::Produce(produce::Error::Delivery { source, .. }) => scan::transient(source),
-            Error::Produce(produce::Error::Create(_)) => false,
+            Error::Kafka { source, .. } => scan::transient(source),
+            Error::Produce(e) => e.is_transient(),
             Error::Stalled { .. } => true,
         }
     }
@@ -155,9 +154,7 @@ pub fn rebuild(
     let kafka = |source| Error::Kafka { partition, source };
     let (low, _) = scan::watermarks(reader, topic, partition, stall_timeout).map_err(kafka)?;
     let acked = producer.send_phased(&[OutRecord::barrier(topic, partition)])?;
-    let end = acked
-        .offset_of(topic, partition)
-        .expect("the barrier was acknowledged");
+    let end = acked.placed(topic, partition)?;
     let mut started = Started::default();
     let mut report = Report {
         from: low,

@@ -315,8 +315,9 @@ impl StoreLog {
 
 /// The `task` phase: `payloads` (the encoded `proposals`) as offsets 0.. of partition 0 of the
 /// proposals topic, through a [`PartitionTask`] over a RocksDB store of its own, batch by batch
-/// as `decide` runs one partition's share of a batch (its records, then `decide::close`:
-/// timers, checkpoint, changelog sweep, the deferred seal) and as the sender then completes it (the fsync, then, once the
+/// as `decide` runs one partition's share of a batch (each record after the timers its time
+/// brings due, then `decide::close`: timers, checkpoint, ticks, changelog sweep, the deferred
+/// seal) and as the sender then completes it (the fsync, then, once the
 /// broker would have acknowledged the outputs, the outbox row marked done, staged into the
 /// next batch). Returns the phase and what the batches sealed. Not inlined, so
 /// that callgrind can count it alone (`--toggle-collect='airlock_bench_core::shell'`).
@@ -359,6 +360,12 @@ fn shell(
         for (p, payload) in chunk.iter().zip(payloads) {
             let t = Instant::now();
             let key = p.operation_key.as_bytes();
+            task.advance_clock(
+                Source::Proposals,
+                p.proposed_at,
+                settings.now,
+                settings.timers_per_batch,
+            )?;
             task.handle_record(&InputRecord {
                 source: Source::Proposals,
                 topic: &topic,

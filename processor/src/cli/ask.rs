@@ -195,8 +195,7 @@ impl Answers {
             producer
                 .send_phased(&[OutRecord::barrier(&decisions, partition)])
                 .with_context(|| format!("marking the end of {decisions} (is the broker up?)"))?
-                .offset_of(&decisions, partition)
-                .expect("the barrier was acknowledged")
+                .placed(&decisions, partition)?
                 + 1
         };
         Ok(Answers {

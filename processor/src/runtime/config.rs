@@ -26,6 +26,7 @@
 //! | `processor.timers_per_batch` | `AIRLOCK_TIMERS_PER_BATCH` | `1000` |
 //! | `processor.checkpoint_interval_ms` | `AIRLOCK_CHECKPOINT_INTERVAL_MS` | `60000` |
 //! | `processor.changelog_sweep_ms` | `AIRLOCK_CHANGELOG_SWEEP_MS` | `30000` |
+//! | `processor.clock_tick_ms` | `AIRLOCK_CLOCK_TICK_MS` | `1000` |
 //! | `processor.claim_stall_timeout_ms` | `AIRLOCK_CLAIM_STALL_TIMEOUT_MS` | `60000` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
@@ -158,6 +159,11 @@ pub struct Processor {
     /// keep them (the changelog's `min.compaction.lag.ms`, one hour as `airlock topics create`
     /// sets it). At most 600000.
     pub changelog_sweep_ms: u64,
+    /// Timers fire by each partition's record time (`runtime::clock`): a partition waiting for
+    /// time (a timer due by the wall clock, a checkpoint owed) while an input topic is silent
+    /// puts a barrier, a tick, on that input partition at most this often. Its timers fire up
+    /// to about this much after their due time when inputs are idle. 50 to 60000.
+    pub clock_tick_ms: u64,
     /// A claim fails when reading its changelog partition makes no progress for this long
     /// (the broker stopped answering, or the partition's end moved out of reach); the group
     /// then hands the partition on.
@@ -184,6 +190,7 @@ impl Default for Processor {
             timers_per_batch: 1_000,
             checkpoint_interval_ms: 60_000,
             changelog_sweep_ms: 30_000,
+            clock_tick_ms: 1_000,
             claim_stall_timeout_ms: 60_000,
             linger_ms: 2,
             threads: 4,
@@ -643,6 +650,7 @@ impl Config {
             "AIRLOCK_CHANGELOG_SWEEP_MS",
             &mut self.processor.changelog_sweep_ms,
         )?;
+        env.parse("AIRLOCK_CLOCK_TICK_MS", &mut self.processor.clock_tick_ms)?;
         env.parse(
             "AIRLOCK_CLAIM_STALL_TIMEOUT_MS",
             &mut self.processor.claim_stall_timeout_ms,
@@ -722,6 +730,9 @@ impl Config {
                 "must be between 100 and 600000 (well under the changelog's \
                  min.compaction.lag.ms of one hour)",
             );
+        }
+        if !(50..=60_000).contains(&self.processor.clock_tick_ms) {
+            return invalid("processor.clock_tick_ms", "must be between 50 and 60000");
         }
         if self.processor.claim_stall_timeout_ms < 1_000 {
             return invalid("processor.claim_stall_timeout_ms", "must be at least 1000");

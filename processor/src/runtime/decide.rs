@@ -1,6 +1,7 @@
 //! One batch's decisions: each owned partition's task decides its records in offset order,
-//! fires its due timers, journals a checkpoint when one is due and seals its `WriteBatch`, the
-//! partitions side by side on up to `processor.threads` threads.
+//! each after the timers its time brings due (see [`clock`](super::clock)), journals a
+//! checkpoint when one is due and seals its `WriteBatch`, the partitions side by side on up to
+//! `processor.threads` threads.
 //!
 //! A partition's work never leaves one thread, so its decisions, journal sequence and outbox
 //! order are exactly those of a single-threaded run; only different partitions overlap. That
@@ -24,9 +25,13 @@ use crate::telemetry::trace;
 /// What a batch asks of every task besides its records.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    /// Wall-clock time of the batch: timers due by then fire, at their own due time.
+    /// Wall-clock time of the batch. It decides nothing: a record's time caps at it (see
+    /// [`clock`](super::clock)), ticks and changelog sweeps are asked for by it, and the outbox
+    /// row notes it.
     pub now: i64,
     pub timers_per_batch: usize,
+    /// A task whose inputs keep it waiting for time puts ticks on them this often.
+    pub tick_ms: i64,
     pub checkpoint_every_ms: i64,
     /// An idle task puts a barrier on its changelog partition this often (see
     /// `PartitionTask::sweep_if_due`).
@@ -41,6 +46,7 @@ impl Settings {
         Settings {
             now,
             timers_per_batch: processor.timers_per_batch,
+            tick_ms: processor.clock_tick_ms as i64,
             checkpoint_every_ms: processor.checkpoint_interval_ms as i64,
             changelog_sweep_ms: processor.changelog_sweep_ms as i64,
             threads: processor.threads,
@@ -52,8 +58,11 @@ impl Settings {
 #[derive(Debug)]
 pub struct Decided {
     pub partition: i32,
-    /// Input records decided or dead-lettered (redeliveries of consumed ones not counted).
+    /// Input records decided or dead-lettered (redeliveries of consumed ones not counted, nor
+    /// barriers such as ticks).
     pub handled: usize,
+    /// Input records consumed: `handled` and the barriers.
+    pub consumed: usize,
     /// What `seal_deferred` committed, in outbox order: to be produced once `unsynced` (if
     /// any) has made it durable.
     pub sealed: Outbox,
@@ -154,9 +163,9 @@ fn decide_partition(
     // `PartitionTask::dead_letter_unencodable`). Each pass adds one, so this ends.
     let mut unencodable: BTreeMap<(&str, i64), (&'static str, String)> = BTreeMap::new();
     let start = task.save_point();
-    let handled = loop {
-        match decide_records(task, &records, sources, &unencodable)? {
-            Pass::Decided(handled) => break handled,
+    let (handled, consumed) = loop {
+        match decide_records(task, &records, sources, settings, &unencodable)? {
+            Pass::Decided { handled, consumed } => break (handled, consumed),
             Pass::Unencodable {
                 topic,
                 offset,
@@ -178,6 +187,7 @@ fn decide_partition(
     Ok(Decided {
         partition,
         handled,
+        consumed,
         sealed,
         unsynced,
         observed: task.take_observed(),
@@ -186,8 +196,9 @@ fn decide_partition(
 
 /// How one pass over a partition's records ended.
 enum Pass<'a> {
-    /// Every record decided (or dead-lettered): how many.
-    Decided(usize),
+    /// Every record decided (or dead-lettered): how many, and how many were consumed in all
+    /// (barriers too).
+    Decided { handled: usize, consumed: usize },
     /// The outputs of this record cannot be encoded; the pass stopped there.
     Unencodable {
         topic: &'a str,
@@ -201,10 +212,12 @@ fn decide_records<'a>(
     task: &mut PartitionTask,
     records: &'a [BorrowedMessage<'_>],
     sources: &BTreeMap<&str, Source>,
+    settings: Settings,
     unencodable: &BTreeMap<(&str, i64), (&'static str, String)>,
 ) -> Result<Pass<'a>> {
     let partition = task.partition();
     let mut handled = 0;
+    let mut consumed = 0;
     // The last record consumed of each input topic: its fingerprint goes with the offset row.
     let mut last: BTreeMap<&str, &BorrowedMessage<'_>> = BTreeMap::new();
     for message in records {
@@ -230,15 +243,20 @@ fn decide_records<'a>(
             }
         }
         // `now` of the record (DESIGN.md section 6): the broker's append time where the topic
-        // has it; else the producer's, which the task reports once per topic.
+        // has it; else the producer's, which the task reports once per topic. A record without
+        // either is dead-lettered (`PartitionTask::handle_record`): no clock stands in for it.
         let timestamp = match message.timestamp() {
             Timestamp::LogAppendTime(ms) => ms,
             Timestamp::CreateTime(ms) => {
-                task.producer_clock(source, topic);
+                // Ticks and other barriers are no agent's input.
+                if !super::wire::is_barrier(message.key(), message.payload()) {
+                    task.producer_clock(source, topic);
+                }
                 ms
             }
-            Timestamp::NotAvailable => super::run::wall_ms(),
+            Timestamp::NotAvailable => NO_TIMESTAMP,
         };
+        task.advance_clock(source, timestamp, settings.now, settings.timers_per_batch)?;
         let record = InputRecord {
             source,
             topic,
@@ -275,24 +293,34 @@ fn decide_records<'a>(
                 Err(e) => return Err(e.into()),
             }
         }
-        handled += 1;
+        // Ticks and other barriers are consumed, not decided.
+        handled += usize::from(!super::wire::is_barrier(message.key(), message.payload()));
+        consumed += 1;
         last.insert(topic, message);
     }
     for (topic, message) in last {
         task.note_last_consumed(topic, message.offset(), fingerprint(message));
     }
-    Ok(Pass::Decided(handled))
+    Ok(Pass::Decided { handled, consumed })
 }
 
-/// The end of a task's share of a batch, once its records are handled: due timers, a due
-/// checkpoint, a due changelog sweep, then the seal with its fsync left owing (see
+/// The end of a task's share of a batch, once its records are handled: the timers still due by
+/// the partition's record time, a due checkpoint (at that time), ticks when the task waits for
+/// time, a due changelog sweep, then the seal with its fsync left owing (see
 /// `PartitionTask::seal_deferred`).
 pub fn close(task: &mut PartitionTask, settings: Settings) -> Result<(Outbox, Option<WalSync>)> {
-    task.fire_timers(settings.now, settings.timers_per_batch)?;
-    task.checkpoint_if_due(settings.now, settings.checkpoint_every_ms)?;
+    task.fire_due(settings.timers_per_batch)?;
+    task.note_changes();
+    if let Some(now) = task.clock().now() {
+        task.checkpoint_if_due(now, settings.checkpoint_every_ms)?;
+    }
+    task.tick_if_due(settings.now, settings.tick_ms, settings.checkpoint_every_ms)?;
     task.sweep_if_due(settings.now, settings.changelog_sweep_ms);
     Ok(task.seal_deferred(settings.now)?)
 }
+
+/// The time of a record that carries none (`Timestamp::NotAvailable`).
+pub const NO_TIMESTAMP: i64 = -1;
 
 fn fingerprint(message: &BorrowedMessage<'_>) -> Fingerprint {
     partition::fingerprint(

@@ -7,6 +7,7 @@
 //! - [`topics`]: topic names, `airlock topics create`, the co-partitioning check.
 //! - [`wire`]: output headers, owner-epoch fence markers, the outbox row format, the
 //!   consumer-side fence filter.
+//! - [`clock`]: a partition's record-time clock, by which its timers fire.
 //! - [`partition`]: one partition's task: decode or dead-letter, decide, seal a batch.
 //! - [`intake`]: records read ahead per partition, so that a batch holds every partition.
 //! - [`decide`]: one batch's decisions and seals, partitions side by side on threads.
@@ -19,6 +20,7 @@
 //! - [`logging`]: the stderr logger.
 //! - [`signals`]: graceful stop on SIGTERM/SIGINT.
 
+pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod decide;

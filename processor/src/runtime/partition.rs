@@ -1,9 +1,11 @@
 //! One partition's task in the running processor: input records in, one RocksDB `WriteBatch`
 //! per batch out (state, consumed offsets, outbox), then the outbox records to produce.
 //!
-//! Call order per batch: [`PartitionTask::handle_record`] for each input record (in offset
-//! order), [`PartitionTask::fire_timers`], [`PartitionTask::seal`] (changelog + commit), produce
-//! what `seal` returned, then [`PartitionTask::acknowledged`] for what the broker acknowledged.
+//! Call order per batch: [`PartitionTask::advance_clock`] (the timers the record's time brings
+//! due) and [`PartitionTask::handle_record`] for each input record (in offset order),
+//! [`PartitionTask::fire_due`] and [`PartitionTask::tick_if_due`], [`PartitionTask::seal`]
+//! (changelog + commit), produce what `seal` returned, then [`PartitionTask::acknowledged`] for
+//! what the broker acknowledged.
 //! Nothing is produced before `seal` made it durable (DESIGN.md section 6).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +17,7 @@ use airlock_schemas::{
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
+use super::clock::RecordClock;
 use super::partitioner;
 use super::produce::Span;
 use super::telemetry::{Observed, source_label};
@@ -207,6 +210,14 @@ pub struct Counters {
     pub outbox_bytes: u64,
 }
 
+/// What [`PartitionTask::roll_back_to`] goes back to.
+#[derive(Debug)]
+pub struct SavePoint {
+    store: crate::store::SavePoint,
+    clock: RecordClock,
+    timers_in_batch: usize,
+}
+
 pub struct PartitionTask {
     task: Task<RocksStore>,
     names: Names,
@@ -243,6 +254,14 @@ pub struct PartitionTask {
     producer_clock: BTreeSet<String>,
     /// When this task last sealed a record for its changelog partition (rows or a sweep).
     last_changelog_write: Option<i64>,
+    /// The partition's record time, by which its timers fire (see [`clock`](super::clock)).
+    clock: RecordClock,
+    /// `clock` as of the last seal: what a discarded batch goes back to.
+    sealed_clock: RecordClock,
+    /// When this task last put ticks on its input partitions (wall clock).
+    last_tick: Option<i64>,
+    /// Timers fired since the last seal (bounded per batch, see `advance_clock`).
+    timers_in_batch: usize,
 }
 
 impl std::fmt::Debug for PartitionTask {
@@ -286,6 +305,10 @@ impl PartitionTask {
             unchecked: false,
             producer_clock: BTreeSet::new(),
             last_changelog_write: None,
+            clock: RecordClock::default(),
+            sealed_clock: RecordClock::default(),
+            last_tick: None,
+            timers_in_batch: 0,
         })
     }
 
@@ -409,7 +432,7 @@ impl PartitionTask {
         // A barrier is a reader learning where the partition ends (a connector worker
         // rebuilding its started attempts from the outcomes): consumed, neither decided nor
         // dead-lettered.
-        if rec.key == Some(wire::BARRIER_KEY) && rec.payload.is_none_or(<[u8]>::is_empty) {
+        if wire::is_barrier(rec.key, rec.payload) {
             return Ok(());
         }
         self.counters.inputs += 1;
@@ -456,15 +479,101 @@ impl PartitionTask {
         result
     }
 
-    /// Fires due timers through the same path as inputs (bounded per batch).
+    /// Fires the timers due by `now` through the same path as inputs, at most `limit` of them
+    /// (the rest fire at the next call).
     pub fn fire_timers(&mut self, now: i64, limit: usize) -> Result<usize> {
-        let fired = self.task.fire_timers(now, limit)?;
+        let (taken, fired) = self.task.fire_timers_counted(now, limit)?;
         let n = fired.len();
         self.counters.timers += n as u64;
+        self.timers_in_batch += taken;
         for effects in fired {
             self.stage_effects(effects)?;
         }
         Ok(n)
+    }
+
+    /// The partition's record-time clock (see [`clock`](super::clock)).
+    pub fn clock(&self) -> &RecordClock {
+        &self.clock
+    }
+
+    /// Notes the time `at` of a record of `source` about to be decided, in a batch that began
+    /// at wall time `wall`, and fires the timers the partition's record time now has due, before
+    /// the record: a timer due before a record was read is decided before it. At most
+    /// `timers_per_batch` timers fire between two seals; the rest wait for the next batch.
+    pub fn advance_clock(
+        &mut self,
+        source: Source,
+        at: i64,
+        wall: i64,
+        timers_per_batch: usize,
+    ) -> Result<()> {
+        let before = self.clock.now();
+        self.clock.observe(source, at, wall);
+        // Nothing new can be due while the time stands still (`close` fires what a batch's
+        // own decisions made due).
+        if self.clock.now() == before {
+            return Ok(());
+        }
+        self.fire_due(timers_per_batch)
+    }
+
+    /// Fires the timers due by the partition's record time, within the batch's share of
+    /// `timers_per_batch` (see [`advance_clock`](Self::advance_clock)).
+    pub fn fire_due(&mut self, timers_per_batch: usize) -> Result<()> {
+        let left = timers_per_batch.saturating_sub(self.timers_in_batch);
+        if let Some(now) = self.clock.now()
+            && left > 0
+        {
+            self.fire_timers(now, left)?;
+        }
+        Ok(())
+    }
+
+    /// Puts a tick (a barrier, see [`clock`](super::clock)) on each input partition whose
+    /// record time keeps this task waiting, at most once per `every_ms` of wall clock (`wall`):
+    /// the partition's time has not reached a timer due by `wall`, or a checkpoint owed since
+    /// the last one (`checkpoint_every_ms` of record time after it) is due by `wall`. Call
+    /// after `checkpoint_if_due`: a tick is no change a checkpoint owes. Returns how many ticks
+    /// it staged.
+    pub fn tick_if_due(
+        &mut self,
+        wall: i64,
+        every_ms: i64,
+        checkpoint_every_ms: i64,
+    ) -> Result<usize> {
+        if self.last_tick.is_some_and(|t| wall - t < every_ms) {
+            return Ok(0);
+        }
+        let partition = self.partition();
+        let now = self.clock.now();
+        let due = self
+            .task
+            .store()
+            .due_timers(wall, 1)
+            .map_err(|source| task::Error::Store { partition, source })?
+            .first()
+            .map(|t| t.due_at)
+            .filter(|&due| now.is_none_or(|now| now < due));
+        let owed = self
+            .unchecked
+            .then(|| {
+                self.last_checkpoint
+                    .map_or(wall, |last| last.saturating_add(checkpoint_every_ms))
+            })
+            .filter(|&at| at <= wall);
+        let Some(until) = due.into_iter().chain(owed).min() else {
+            return Ok(0);
+        };
+        let lagging: Vec<Source> = self.clock.lagging(until).collect();
+        for &source in &lagging {
+            let barrier = OutRecord::barrier(&self.names.input(source), partition);
+            self.staged_outbox.push(barrier);
+        }
+        if !lagging.is_empty() {
+            self.last_tick = Some(wall);
+        }
+        Ok(lagging.len())
     }
 
     /// Appends a CHECKPOINT journal event with the projection hash (audit replays verify it);
@@ -507,24 +616,32 @@ impl PartitionTask {
     /// acknowledgement of each checkpoint would owe the next one, once an interval forever.
     pub fn checkpoint_if_due(&mut self, now: i64, every_ms: i64) -> Result<()> {
         let last = *self.last_checkpoint.get_or_insert(now);
-        self.unchecked |= !self.staged_outbox.is_empty() || self.stages_changelog_rows();
+        self.note_changes();
         if self.unchecked && now - last >= every_ms {
             self.checkpoint(now)?;
         }
         Ok(())
     }
 
+    /// Notes whether the current batch changed anything a checkpoint is owed for (outputs or
+    /// state rows, not bookkeeping): call before every seal, also when no checkpoint can be
+    /// journaled yet (no record time known).
+    pub fn note_changes(&mut self) {
+        self.unchecked |= !self.staged_outbox.is_empty() || self.stages_changelog_rows();
+    }
+
     /// Journals the checkpoint a stopping task owes (something changed since its last one) and
     /// seals it, with whatever else is staged: a task that stops (graceful shutdown,
     /// revocation) leaves its journal verifiable up to its last change instead of up to its
-    /// last interval. Call between batches, after the last one was sealed. Returns the records
-    /// to produce (none when no checkpoint was owed).
-    pub fn seal_closing_checkpoint(&mut self, now: i64) -> Result<Outbox> {
+    /// last interval. The checkpoint is recorded at the latest record time read (`wall`, the
+    /// wall clock, only when no record was read). Call between batches, after the last one was
+    /// sealed. Returns the records to produce (none when no checkpoint was owed).
+    pub fn seal_closing_checkpoint(&mut self, wall: i64) -> Result<Outbox> {
         if !self.unchecked {
             return Ok(Outbox::default());
         }
-        self.checkpoint(now)?;
-        self.seal(now)
+        self.checkpoint(self.clock.latest().unwrap_or(wall))?;
+        self.seal(wall)
     }
 
     /// Puts a barrier on this task's changelog partition when the task wrote nothing there for
@@ -585,6 +702,9 @@ impl PartitionTask {
     }
 
     fn seal_with(&mut self, now: i64, deferred: bool) -> Result<(Outbox, Option<WalSync>)> {
+        // A new batch begins, whether or not this one staged anything.
+        self.timers_in_batch = 0;
+        self.sealed_clock = self.clock;
         if !self.is_dirty() {
             return Ok((Outbox::default(), None));
         }
@@ -689,6 +809,18 @@ impl PartitionTask {
         let store = self.task.store_mut();
         store.stage_raw(Table::Outbox, &row.to_be_bytes(), None);
         let span = changelog?;
+        if span.unplaced > 0 {
+            // Where they landed is unknown (a resent request, see `Span`): neither end moves.
+            // The store's known end stays where it was, so the next claim reads these records
+            // too, and the next acknowledgement's range check covers them from the cursor.
+            if let Some(next) = self.changelog_next.take() {
+                log::info!(
+                    "partition {partition}: the broker took {} changelog records without saying                      where (a request resent after a lost response); the next claim reads the                      changelog from offset {next}",
+                    span.unplaced
+                );
+            }
+            return None;
+        }
         let foreign = match self.changelog_cursor {
             Some(cursor) if span.lowest > cursor || !span.is_contiguous() => {
                 Some((cursor, span.highest + 1))
@@ -766,19 +898,25 @@ impl PartitionTask {
     }
 
     /// Where a batch starts, to decide it again from there ([`PartitionTask::roll_back_to`]).
-    pub fn save_point(&self) -> crate::store::SavePoint {
-        self.task.store().save_point()
+    pub fn save_point(&self) -> SavePoint {
+        SavePoint {
+            store: self.task.store().save_point(),
+            clock: self.clock,
+            timers_in_batch: self.timers_in_batch,
+        }
     }
 
     /// Forgets what the current batch staged, keeping what was staged before `point` (outbox
     /// acknowledgements and changelog rewrites, made durable with the next seal): the batch is
     /// then decided again.
-    pub fn roll_back_to(&mut self, point: &crate::store::SavePoint) -> Result<()> {
+    pub fn roll_back_to(&mut self, point: &SavePoint) -> Result<()> {
         self.counters = self.sealed_counters.clone();
         self.observed = Observed::default();
         self.staged_outbox.clear();
         self.staged_offsets.clear();
-        self.task.store_mut().roll_back_to(point);
+        self.clock = point.clock;
+        self.timers_in_batch = point.timers_in_batch;
+        self.task.store_mut().roll_back_to(&point.store);
         self.task.reload()?;
         self.next_outbox =
             read_u64(self.task.store(), META_OUTBOX_NEXT, self.partition())?.unwrap_or(0);
@@ -788,6 +926,8 @@ impl PartitionTask {
     /// Forgets everything staged since the last commit (the partition was revoked mid-batch).
     pub fn discard(&mut self) -> Result<()> {
         self.counters = self.sealed_counters.clone();
+        self.clock = self.sealed_clock;
+        self.timers_in_batch = 0;
         self.observed = Observed::default();
         self.staged_outbox.clear();
         self.staged_offsets.clear();
@@ -800,12 +940,7 @@ impl PartitionTask {
     fn current_offsets(&self) -> Result<Vec<InputOffset>> {
         let partition = self.partition();
         let mut out = Vec::new();
-        for topic in [
-            self.names.proposals(),
-            self.names.approvals(),
-            self.names.outcomes(),
-            self.names.control(),
-        ] {
+        for topic in Source::ALL.map(|s| self.names.input(s)) {
             if let Some(offset) = self.stored_offset(&topic)? {
                 out.push(InputOffset {
                     topic,
@@ -820,6 +955,13 @@ impl PartitionTask {
     /// Decodes and checks an input record: the refusal (reason, detail, the reply's target)
     /// when it cannot be decided.
     fn accept(&self, rec: &InputRecord<'_>) -> Result<Input, Refusal> {
+        if rec.timestamp < 0 {
+            return Err(Refusal::new(
+                Reason::Malformed,
+                "the record carries no timestamp, and Airlock decides each record at its own \
+                 time (message.timestamp.type=LogAppendTime on the topic stamps every record)",
+            ));
+        }
         let Some(payload) = rec.payload else {
             return Err(Refusal::new(
                 Reason::Malformed,
@@ -1491,12 +1633,27 @@ mod tests {
             .unwrap();
             *at += 1;
         }
+        // A well-formed proposal without a timestamp: no clock stands in for its time.
+        let untimed = codec
+            .encode_single_object(&sample::refund("refund:untimed", 100, NOW))
+            .unwrap();
+        task.handle_record(&InputRecord {
+            timestamp: crate::runtime::decide::NO_TIMESTAMP,
+            ..record(
+                Source::Proposals,
+                &names.proposals(),
+                offsets[0],
+                b"refund:untimed",
+                &untimed,
+            )
+        })
+        .unwrap();
         // The partition decides on: a fresh refund after them is dispatched.
         let fresh = sample::refund("refund:after", 100, NOW);
         task.handle_record(&record(
             Source::Proposals,
             &names.proposals(),
-            offsets[0],
+            offsets[0] + 1,
             b"refund:after",
             &codec.encode_single_object(&fresh).unwrap(),
         ))
@@ -1515,7 +1672,8 @@ mod tests {
                 String::from_utf8(v.clone()).unwrap()
             })
             .collect();
-        let expected: Vec<&str> = cases.iter().map(|c| c.4).collect();
+        let mut expected: Vec<&str> = cases.iter().map(|c| c.4).collect();
+        expected.push("MALFORMED");
         assert_eq!(reasons, expected);
         assert!(
             outbox
@@ -1523,6 +1681,125 @@ mod tests {
                 .iter()
                 .any(|r| r.topic == names.dispatch("ledger")),
             "the fresh refund after the bad records is dispatched"
+        );
+    }
+
+    /// A timer fires once every input topic was read past its due time, never by the wall
+    /// clock; a task waiting for time ticks the topics that lag, at most once per interval.
+    #[test]
+    fn timers_fire_by_the_inputs_time_which_ticks_bring_to_silent_topics() {
+        let (_dir, mut task, names) = task(LIMIT);
+        let codec = Codec::new();
+        let mut refund = sample::refund("refund:big", 20_000, NOW);
+        refund.deadline_at = NOW + 5_000;
+        task.advance_clock(Source::Proposals, NOW, NOW, 100)
+            .unwrap();
+        task.handle_record(&record(
+            Source::Proposals,
+            &names.proposals(),
+            0,
+            b"refund:big",
+            &codec.encode_single_object(&refund).unwrap(),
+        ))
+        .unwrap();
+        task.seal(NOW).unwrap();
+        let state = |task: &PartitionTask| {
+            task.store()
+                .effect("refund:big")
+                .unwrap()
+                .unwrap()
+                .effect_state()
+        };
+        assert_eq!(state(&task), airlock_schemas::EffectState::AwaitingApproval);
+
+        // Long past the deadline by the wall clock: nothing fires, the task asks for ticks on
+        // every input topic (three never read, proposals read only up to NOW), once.
+        let wall = NOW + 60_000;
+        task.fire_due(100).unwrap();
+        assert_eq!(task.counters.timers, 0);
+        assert_eq!(task.tick_if_due(wall, 1_000, 60_000).unwrap(), 4);
+        assert_eq!(task.tick_if_due(wall + 999, 1_000, 60_000).unwrap(), 0);
+        let ticks = task.seal(wall).unwrap().records;
+        let mut ticked: Vec<&str> = ticks.iter().map(|r| r.topic.as_str()).collect();
+        ticked.sort_unstable();
+        let mut inputs = Source::ALL.map(|s| names.input(s));
+        inputs.sort_unstable();
+        assert_eq!(ticked, inputs);
+        assert!(
+            ticks
+                .iter()
+                .all(|r| r.key.as_deref() == Some(wire::BARRIER_KEY))
+        );
+
+        // The ticks come back stamped by the broker; the timer fires with the last of them.
+        let tick_at = NOW + 6_000;
+        for (i, source) in [
+            Source::Approvals,
+            Source::Outcomes,
+            Source::Control,
+            Source::Proposals,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(task.counters.timers, 0, "{i} of 4 topics ticked");
+            let topic = names.input(source);
+            let offset = i64::from(source == Source::Proposals);
+            task.advance_clock(source, tick_at, wall, 100).unwrap();
+            task.handle_record(&InputRecord {
+                timestamp: tick_at,
+                ..record(source, &topic, offset, wire::BARRIER_KEY, &[])
+            })
+            .unwrap();
+        }
+        assert_eq!(task.counters.timers, 1);
+        assert_eq!(state(&task), airlock_schemas::EffectState::Expired);
+        assert_eq!(task.clock().now(), Some(tick_at));
+        // Waiting for nothing now: no ticks.
+        task.seal(wall).unwrap();
+        assert_eq!(task.tick_if_due(wall + 5_000, 1_000, 60_000).unwrap(), 0);
+    }
+
+    /// Before every input topic was read once the partition has no time: a change decided then
+    /// still owes a checkpoint, which ticks bring the time for, and which a stopping task
+    /// journals at once.
+    #[test]
+    fn a_change_decided_before_the_partition_has_a_time_still_owes_its_checkpoint() {
+        use crate::runtime::{config, decide};
+        let (_dir, mut task, names) = task(LIMIT);
+        let refund = sample::refund("refund:small", 100, NOW);
+        let payload = Codec::new().encode_single_object(&refund).unwrap();
+        task.advance_clock(Source::Proposals, NOW, NOW, 100)
+            .unwrap();
+        task.handle_record(&record(
+            Source::Proposals,
+            &names.proposals(),
+            0,
+            b"refund:small",
+            &payload,
+        ))
+        .unwrap();
+        assert_eq!(task.clock().now(), None);
+        let settings = decide::Settings::of(&config::Processor::default(), NOW);
+        let (sealed, _) = decide::close(&mut task, settings).unwrap();
+        let on = |records: &[OutRecord], topic: &str| {
+            records.iter().filter(|r| r.topic == topic).count()
+        };
+        assert_eq!(on(&sealed.records, &names.dispatch("ledger")), 1);
+        assert_eq!(
+            on(&sealed.records, &names.journal()),
+            1,
+            "the decision only"
+        );
+        for silent in [names.approvals(), names.outcomes(), names.control()] {
+            assert_eq!(on(&sealed.records, &silent), 1, "a tick on {silent}");
+        }
+        assert_eq!(on(&sealed.records, &names.proposals()), 0, "read at NOW");
+        let closing = task.seal_closing_checkpoint(NOW + 1).unwrap();
+        assert_eq!(
+            on(&closing.records, &names.journal()),
+            1,
+            "the checkpoint owed"
         );
     }
 

@@ -29,6 +29,23 @@ pub enum Error {
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    #[error(
+        "the broker took the records produced to {topic} partition {partition} without saying \
+         at which offset (a request resent after a lost response); try again"
+    )]
+    Unplaced { topic: String, partition: i32 },
+}
+
+impl Error {
+    /// True when the same call may succeed later: a broker error that passes
+    /// ([`scan::transient`](super::scan::transient)), or an acknowledgement without offsets.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Delivery { source, .. } => super::scan::transient(source),
+            Error::Unplaced { .. } => true,
+            Error::Create(_) => false,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -41,25 +58,41 @@ pub struct Acked {
 }
 
 /// The offsets one call's records of one partition landed at.
+///
+/// An idempotent producer that resends a request whose response was lost (a broker failing
+/// over) may get the broker's "already have it" back: librdkafka then reports the records
+/// delivered at an unknown offset. They are in the log, somewhere: `unplaced` counts them, and
+/// `lowest`, `highest` and `count` describe the others only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     pub lowest: i64,
     pub highest: i64,
     pub count: i64,
+    pub unplaced: i64,
 }
 
 impl Span {
-    /// True when nothing but this call's records lies between its lowest and highest offset:
-    /// no other producer wrote to the partition in between.
+    /// True when nothing but this call's records lies between its lowest and highest offset
+    /// (no other producer wrote to the partition in between), and every record's offset is
+    /// known.
     pub fn is_contiguous(&self) -> bool {
-        self.highest - self.lowest + 1 == self.count
+        self.unplaced == 0 && self.highest - self.lowest + 1 == self.count
     }
 
     fn of(offset: i64) -> Span {
+        if offset < 0 {
+            return Span {
+                lowest: i64::MAX,
+                highest: i64::MIN,
+                count: 0,
+                unplaced: 1,
+            };
+        }
         Span {
             lowest: offset,
             highest: offset,
             count: 1,
+            unplaced: 0,
         }
     }
 
@@ -67,6 +100,7 @@ impl Span {
         self.lowest = self.lowest.min(other.lowest);
         self.highest = self.highest.max(other.highest);
         self.count += other.count;
+        self.unplaced += other.unplaced;
     }
 }
 
@@ -89,9 +123,22 @@ impl Acked {
         }
     }
 
-    /// The highest acknowledged offset of `topic`'s `partition`.
+    /// The highest acknowledged offset of `topic`'s `partition`; `None` when nothing was
+    /// produced there, or when a record's offset is unknown ([`Span`]).
     pub fn offset_of(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.span(topic, partition).map(|s| s.highest)
+        self.span(topic, partition)
+            .filter(|s| s.unplaced == 0)
+            .map(|s| s.highest)
+    }
+
+    /// [`offset_of`](Self::offset_of) for a partition this call produced to: where its last
+    /// record landed, or [`Error::Unplaced`] when the acknowledgement did not say.
+    pub fn placed(&self, topic: &str, partition: i32) -> Result<i64> {
+        self.offset_of(topic, partition)
+            .ok_or_else(|| Error::Unplaced {
+                topic: topic.to_owned(),
+                partition,
+            })
     }
 
     /// The offset after the last acknowledged record of `topic`'s `partition`.
@@ -320,6 +367,7 @@ impl InFlight {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -362,5 +410,29 @@ mod tests {
             };
             assert!(kafka.validate().is_err(), "{name} is accepted");
         }
+    }
+
+    /// A record delivered at an unknown offset (-1001, librdkafka's answer to a resent request
+    /// the broker already had) places nothing: the partition's end is unknown, not -1001.
+    #[test]
+    fn a_delivery_without_an_offset_leaves_the_end_unknown() {
+        let mut acked = Acked::default();
+        acked.add("t", 0, Span::of(7));
+        acked.add("t", 0, Span::of(8));
+        acked.add("t", 1, Span::of(3));
+        acked.add("t", 1, Span::of(-1_001));
+        acked.add("t", 1, Span::of(4));
+        assert_eq!(acked.placed("t", 0).unwrap(), 8);
+        assert!(acked.span("t", 0).unwrap().is_contiguous());
+        let span = acked.span("t", 1).unwrap();
+        assert_eq!(
+            (span.lowest, span.highest, span.count, span.unplaced),
+            (3, 4, 2, 1)
+        );
+        assert!(!span.is_contiguous());
+        assert_eq!(acked.offset_of("t", 1), None);
+        let err = acked.placed("t", 1).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(matches!(acked.placed("t", 2), Err(Error::Unplaced { .. })));
     }
 }

@@ -92,16 +92,12 @@ impl Error {
     /// same time. A damaged store, an unreadable changelog record or a local I/O failure is not.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Kafka { source, .. }
-            | Error::Produce(produce::Error::Delivery { source, .. }) => {
-                super::scan::transient(source)
-            }
+            Error::Kafka { source, .. } => super::scan::transient(source),
+            Error::Produce(e) => e.is_transient(),
             Error::Stalled { .. } | Error::Contended { .. } => true,
-            Error::Produce(produce::Error::Create(_))
-            | Error::Store { .. }
-            | Error::Task(_)
-            | Error::Wipe { .. }
-            | Error::Corrupt { .. } => false,
+            Error::Store { .. } | Error::Task(_) | Error::Wipe { .. } | Error::Corrupt { .. } => {
+                false
+            }
         }
     }
 
@@ -263,9 +259,7 @@ impl Claim {
         let barrier = self
             .producer
             .send_phased(&[OutRecord::barrier(&topic, partition)])?;
-        let high = barrier
-            .offset_of(&topic, partition)
-            .expect("the barrier was acknowledged");
+        let high = barrier.placed(&topic, partition)?;
         let mut filter = FenceFilter::default();
         let mut max_epoch = local_epoch.unwrap_or(0);
         let mut stale = local_epoch.is_none();
@@ -404,9 +398,7 @@ impl Claim {
             })
             .collect();
         let acked = self.producer.send_phased(&markers)?;
-        let marker_offset = acked
-            .offset_of(&topic, partition)
-            .expect("a fence marker was produced to the changelog");
+        let marker_offset = acked.placed(&topic, partition)?;
 
         // 4. Catch up to our marker: records there came from the old owner before the takeover.
         let mut applied: u64 = 0;

@@ -708,6 +708,7 @@ fn run_loop(
         let mut unsynced = Vec::new();
         let mut observed = Vec::new();
         let mut handled = 0;
+        let mut consumed = 0;
         {
             let mut guard = lock(&shared);
             let settings = decide::Settings::of(&config.processor, now);
@@ -733,6 +734,7 @@ fn run_loop(
             };
             for d in decided {
                 handled += d.handled;
+                consumed += d.consumed;
                 observed.push(d.observed);
                 if !d.sealed.records.is_empty() {
                     telemetry
@@ -783,7 +785,8 @@ fn run_loop(
 
         // 5. Group offsets, for lag monitoring only: at most once per `LAG_INTERVAL` (one
         // commit per batch cost the broker an offset commit every few milliseconds).
-        uncommitted |= handled > 0;
+        // Ticks too: else the group's lag would count them forever on an idle topic.
+        uncommitted |= consumed > 0;
         if uncommitted && last_group_commit.elapsed() >= LAG_INTERVAL {
             commit_group_offsets(&consumer, &shared, CommitMode::Async)?;
             uncommitted = false;

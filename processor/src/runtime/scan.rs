@@ -183,9 +183,7 @@ impl Scanner<'_> {
         let acked = super::produce::Producer::new(client, 0)?.send_phased(&barriers)?;
         let mut out = Vec::with_capacity(partitions.len());
         for (t, p) in partitions {
-            let end = acked
-                .offset_of(t, *p)
-                .expect("every barrier was acknowledged");
+            let end = acked.placed(t, *p)?;
             let low =
                 watermarks(self.consumer, t, *p, self.stall_timeout).map_or(0, |(low, _)| low);
             out.push(Bounds {

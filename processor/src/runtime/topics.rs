@@ -80,6 +80,16 @@ impl Names {
     pub fn control(&self) -> String {
         format!("{}control", self.prefix)
     }
+    /// The input topic `source` is read from.
+    pub fn input(&self, source: super::partition::Source) -> String {
+        use super::partition::Source;
+        match source {
+            Source::Proposals => self.proposals(),
+            Source::Approvals => self.approvals(),
+            Source::Outcomes => self.outcomes(),
+            Source::Control => self.control(),
+        }
+    }
     pub fn decisions(&self) -> String {
         format!("{}decisions", self.prefix)
     }

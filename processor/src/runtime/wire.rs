@@ -129,6 +129,12 @@ pub const BARRIER_KIND: &str = "barrier";
 /// The Kafka key of every barrier record. Input topics carry barriers too (a connector learns
 /// the end of an outcomes partition this way); the processor consumes them without deciding.
 pub const BARRIER_KEY: &[u8] = b"\0airlock-barrier";
+/// True for a barrier record (its key and an empty value), whoever wrote it: consumed, never
+/// decided.
+pub fn is_barrier(key: Option<&[u8]>, payload: Option<&[u8]>) -> bool {
+    key == Some(BARRIER_KEY) && payload.is_none_or(<[u8]>::is_empty)
+}
+
 /// The Kafka key prefix of fence markers (`\0airlock-fence/<epoch>`): compacted topics refuse
 /// records without a key, and one key per epoch keeps compaction from removing older markers.
 pub const FENCE_KEY_PREFIX: &str = "\0airlock-fence/";
