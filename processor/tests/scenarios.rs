@@ -984,6 +984,33 @@ fn control_refusals() -> Vec<Decision> {
     assert_verdict(&e, Verdict::Rejected, Reason::NoPendingApproval);
     let e = w.control("c-nokey", ControlKind::SettleFailed, None);
     assert_verdict(&e, Verdict::Rejected, Reason::Malformed);
+    // Settling and cancelling are entitlements (Cedar actions `settle`, `cancel`): someone
+    // without the operator role, or an operator of another tenant, changes nothing.
+    let p = sample::refund("refund:held", 60_000, w.now);
+    w.propose(&p);
+    let pending = w.record("refund:held");
+    for (id, kind, operator) in [
+        ("c-mallory", ControlKind::Cancel, "mallory"),
+        ("c-agent", ControlKind::SettleCommitted, "agent-support-1"),
+        ("c-globex", ControlKind::Cancel, "operator-globex"),
+        ("c-stranger", ControlKind::SettleFailed, "nobody-registered"),
+    ] {
+        let mut c = sample::control(id, kind, Some("refund:held"), w.now);
+        c.operator_id = operator.to_owned();
+        let e = w.feed(Input::Control(c));
+        assert_verdict(&e, Verdict::Rejected, Reason::PolicyDenied);
+        assert!(
+            e.decisions[0].detail.contains(operator),
+            "{:?}",
+            e.decisions[0]
+        );
+        assert_eq!(w.record("refund:held"), pending, "{operator} changed it");
+    }
+    let e = w.control("c-olga", ControlKind::Cancel, Some("refund:held"));
+    assert_eq!(
+        (e.decisions[0].verdict, e.decisions[0].reason),
+        (Verdict::Cancelled, Reason::CancelledByOperator)
+    );
     w.seen
 }
 

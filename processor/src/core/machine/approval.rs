@@ -118,23 +118,7 @@ impl Core {
                 "a requester of the intent cannot approve it".to_owned(),
             ));
         }
-        let args: serde_json::Value =
-            serde_json::from_str(&rec.arguments_json).unwrap_or(serde_json::Value::Null);
-        let resource = self
-            .registry
-            .lookup(&rec.tool, &rec.tool_version)
-            .ok()
-            .and_then(|t| t.resource_of(&args))
-            .unwrap_or_default();
-        if let Err(denied) = self.policy.authorize_approve(&AuthzRequest {
-            principal: &a.approver_id,
-            tenant: &rec.tenant_id,
-            tool: &rec.tool,
-            tool_version: &rec.tool_version,
-            resource: &resource,
-            run_id: &rec.run_id,
-            arguments: &args,
-        }) {
+        if let Err(denied) = self.authorize_on(rec, &a.approver_id, Policy::authorize_approve) {
             return Err((
                 Verdict::Rejected,
                 Reason::ApproverNotEntitled,
@@ -245,7 +229,7 @@ impl Core {
                 "approved after the intent's deadline".to_owned(),
             ));
         }
-        let authz = self.reauthorize(rec, tool);
+        let authz = self.reauthorize(rec);
         if let Authz::Deny { .. } = authz {
             rec.state = State::Denied {
                 at: now,

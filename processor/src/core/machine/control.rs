@@ -86,6 +86,27 @@ impl Core {
         if rec.applied_controls.contains(&c.control_id) {
             return self.control_repeated(c, decision_id, &rec, step);
         }
+        // The operator must be entitled to what the control does, on this intent's tool in its
+        // tenant (Cedar actions `settle` and `cancel`), like an approver to approve.
+        let operation = match c.kind {
+            ControlKind::Cancel => Some(Operation::Cancel),
+            ControlKind::SettleCommitted | ControlKind::SettleFailed => Some(Operation::Settle),
+            ControlKind::LeaseFence => None,
+        };
+        if let Some(operation) = operation
+            && let Err(denied) = self.authorize_on(&rec, &c.operator_id, |policy, req| {
+                policy.authorize_operation(operation, req)
+            })
+        {
+            let detail = format!(
+                "{} may not {} {} intents of tenant {}: {denied}",
+                c.operator_id,
+                operation.action(),
+                rec.tool,
+                rec.tenant_id
+            );
+            return self.control_refused(c, Some(&rec), Reason::PolicyDenied, detail, step);
+        }
         let open_attempt = matches!(
             rec.state,
             State::Dispatched { .. }

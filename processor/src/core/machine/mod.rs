@@ -28,7 +28,7 @@ mod timer;
 use super::canonical;
 use super::input::{Input, TimerFired, TimerTarget};
 use super::output::Effects;
-use super::policy::{Authz, AuthzRequest, Policy};
+use super::policy::{Authz, AuthzRequest, Operation, Policy};
 use super::record::{
     EffectRecord, ProposalSeen, REDUCER_VERSION, RunRecord, State, TimerKind, Write,
 };
@@ -246,19 +246,8 @@ impl Core {
         });
     }
 
-    fn reauthorize(&self, rec: &EffectRecord, tool: &Tool) -> Authz {
-        let args: serde_json::Value =
-            serde_json::from_str(&rec.arguments_json).unwrap_or(serde_json::Value::Null);
-        let resource = tool.resource_of(&args).unwrap_or_default();
-        self.policy.authorize_invoke(&AuthzRequest {
-            principal: &rec.principal_id,
-            tenant: &rec.tenant_id,
-            tool: &rec.tool,
-            tool_version: &rec.tool_version,
-            resource: &resource,
-            run_id: &rec.run_id,
-            arguments: &args,
-        })
+    fn reauthorize(&self, rec: &EffectRecord) -> Authz {
+        self.authorize_on(rec, &rec.principal_id, Policy::authorize_invoke)
     }
 
     /// The attempt ceiling for a dispatch that is not a fresh proposal (quorum reached, retry
@@ -369,6 +358,36 @@ impl Core {
             capability: None,
             issued_at: step.now,
         });
+    }
+
+    /// Authorizes `principal` (an approver, an operator) on intent `rec` with `decide`: the
+    /// request names the intent's tenant, tool, resource, run and canonical arguments.
+    fn authorize_on<T>(
+        &self,
+        rec: &EffectRecord,
+        principal: &str,
+        decide: impl FnOnce(&Policy, &AuthzRequest<'_>) -> T,
+    ) -> T {
+        let args: serde_json::Value =
+            serde_json::from_str(&rec.arguments_json).unwrap_or(serde_json::Value::Null);
+        let resource = self
+            .registry
+            .lookup(&rec.tool, &rec.tool_version)
+            .ok()
+            .and_then(|t| t.resource_of(&args))
+            .unwrap_or_default();
+        decide(
+            &self.policy,
+            &AuthzRequest {
+                principal,
+                tenant: &rec.tenant_id,
+                tool: &rec.tool,
+                tool_version: &rec.tool_version,
+                resource: &resource,
+                run_id: &rec.run_id,
+                arguments: &args,
+            },
+        )
     }
 
     fn event(&self, kind: JournalKind, step: &Step, rec: Option<&EffectRecord>) -> JournalEvent {

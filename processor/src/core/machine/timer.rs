@@ -179,7 +179,7 @@ impl Core {
                 )),
             ));
         }
-        let authz = self.reauthorize(rec, tool);
+        let authz = self.reauthorize(rec);
         match authz {
             Authz::Deny { .. } => {
                 close_failed(rec, now, "retry denied by policy");

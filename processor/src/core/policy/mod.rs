@@ -51,6 +51,8 @@ use cedar_policy::{
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::core::canonical;
+
 mod context;
 
 use context::Reads;
@@ -65,9 +67,33 @@ pub const ACTION_TYPE: &str = "Airlock::Action";
 pub const INVOKE_ACTION: &str = "invoke";
 /// Action id for approving a call.
 pub const APPROVE_ACTION: &str = "approve";
+/// Action id for settling an intent by hand (`airlock settle`: COMMITTED or FAILED).
+pub const SETTLE_ACTION: &str = "settle";
+/// Action id for cancelling an intent.
+pub const CANCEL_ACTION: &str = "cancel";
 
-/// Domain tag of [`Policy::bundle_hash`], versioning the hashing scheme.
-const BUNDLE_HASH_DOMAIN: &[u8] = b"airlock/policy-bundle/v1\0";
+/// What an operator's control does to an intent, as the policies name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// [`SETTLE_ACTION`].
+    Settle,
+    /// [`CANCEL_ACTION`].
+    Cancel,
+}
+
+impl Operation {
+    /// The Cedar action id.
+    pub fn action(self) -> &'static str {
+        match self {
+            Operation::Settle => SETTLE_ACTION,
+            Operation::Cancel => CANCEL_ACTION,
+        }
+    }
+}
+
+/// Domain tag of [`Policy::bundle_hash`], versioning the hashing scheme (v1 hashed the raw
+/// texts, so a comment changed it).
+const BUNDLE_HASH_DOMAIN: &[u8] = b"airlock/policy-bundle/v2\0";
 
 /// Errors raised while loading a policy bundle.
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +283,11 @@ pub struct Policy {
     tool_type: EntityTypeName,
     invoke: EntityUid,
     approve: EntityUid,
+    settle: EntityUid,
+    cancel: EntityUid,
+    /// Policies whose action scope admits `settle`, and `cancel`, indexed per tool.
+    settle_index: ToolIndex,
+    cancel_index: ToolIndex,
     bundle_hash: String,
 }
 
@@ -294,9 +325,13 @@ impl Policy {
         )
     }
 
-    /// Lowercase hex SHA-256 over a domain tag, the policy text and the
-    /// entities text, each length-prefixed (u64 big-endian) so content cannot
-    /// move between the two parts. Recorded with every decision.
+    /// Lowercase hex SHA-256 of what the bundle means, not how it is written: over a domain
+    /// tag, every policy as its id and its canonical JSON form (Cedar's JSON policy format,
+    /// annotations included; sorted by id) and every entity as canonical JSON (sorted), each
+    /// part length-prefixed (u64 big-endian) and each list count-prefixed. Comments, layout,
+    /// the order of policies with an `@id` and of entities, and the key order of the entities
+    /// file change nothing; any change to a policy or an entity changes it. Recorded with every
+    /// decision.
     pub fn bundle_hash(&self) -> &str {
         &self.bundle_hash
     }
@@ -371,7 +406,34 @@ impl Policy {
     /// The [`DenyReason`] when Cedar does not allow action `approve`, or when
     /// evaluation errored.
     pub fn authorize_approve(&self, req: &AuthzRequest<'_>) -> std::result::Result<(), DenyReason> {
-        let response = self.evaluate(req, &self.approve, &self.approve_index)?;
+        self.permitted(req, &self.approve, &self.approve_index)
+    }
+
+    /// Decides whether `req.principal` (an operator) may settle or cancel the intent described
+    /// by `req`: Cedar action `settle` or `cancel` on its tool, in its tenant.
+    ///
+    /// # Errors
+    ///
+    /// The [`DenyReason`] when Cedar does not allow the action, or when evaluation errored.
+    pub fn authorize_operation(
+        &self,
+        operation: Operation,
+        req: &AuthzRequest<'_>,
+    ) -> std::result::Result<(), DenyReason> {
+        match operation {
+            Operation::Settle => self.permitted(req, &self.settle, &self.settle_index),
+            Operation::Cancel => self.permitted(req, &self.cancel, &self.cancel_index),
+        }
+    }
+
+    /// Allowed by Cedar for `action`, with no evaluation error: an action without tiers.
+    fn permitted(
+        &self,
+        req: &AuthzRequest<'_>,
+        action: &EntityUid,
+        index: &ToolIndex,
+    ) -> std::result::Result<(), DenyReason> {
+        let response = self.evaluate(req, action, index)?;
         let errors = sorted_errors(&response);
         if response.decision() == Decision::Deny {
             let determining = sorted_ids(response.diagnostics().reason());
@@ -443,12 +505,18 @@ impl Policy {
         let action_type = entity_type(ACTION_TYPE);
         let invoke =
             EntityUid::from_type_name_and_id(action_type.clone(), EntityId::new(INVOKE_ACTION));
-        let approve = EntityUid::from_type_name_and_id(action_type, EntityId::new(APPROVE_ACTION));
+        let approve =
+            EntityUid::from_type_name_and_id(action_type.clone(), EntityId::new(APPROVE_ACTION));
+        let settle =
+            EntityUid::from_type_name_and_id(action_type.clone(), EntityId::new(SETTLE_ACTION));
+        let cancel = EntityUid::from_type_name_and_id(action_type, EntityId::new(CANCEL_ACTION));
 
         let mut tiers = HashMap::new();
         let mut seen_ids = HashSet::new();
         let mut general = Vec::new();
         let mut specific: HashMap<String, Vec<cedar_policy::Policy>> = HashMap::new();
+        // (id, canonical JSON) of every policy, for the bundle hash.
+        let mut canonical_policies = Vec::new();
         // `policies()` iterates in text order, so the first error reported
         // is the first offending policy in the file.
         for policy in parsed.policies() {
@@ -467,6 +535,19 @@ impl Policy {
                 });
             }
             let name = id.to_string();
+            let json = policy
+                .to_json()
+                .map_err(|e| e.to_string())
+                .and_then(|v| {
+                    canonical::canonicalize(&v.to_string())
+                        .map(|c| c.json)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|message| Error::Parse {
+                    origin: policies_origin.to_owned(),
+                    message: format!("policy {name} has no JSON form: {message}"),
+                })?;
+            canonical_policies.push((name.clone(), json));
             match (policy.effect(), policy.annotation("tier")) {
                 (Effect::Forbid, None) => {}
                 (Effect::Forbid, Some(tier)) => {
@@ -538,10 +619,19 @@ impl Policy {
         };
         let invoke_index = index_for(&invoke)?;
         let approve_index = index_for(&approve)?;
+        let settle_index = index_for(&settle)?;
+        let cancel_index = index_for(&cancel)?;
+        let canonical_entities =
+            canonical_entities(entities_json).map_err(|message| Error::Entities {
+                origin: entities_origin.to_owned(),
+                message,
+            })?;
 
         Ok(Policy {
             invoke_index,
             approve_index,
+            settle_index,
+            cancel_index,
             tiers,
             entities,
             authorizer: Authorizer::new(),
@@ -549,18 +639,46 @@ impl Policy {
             tool_type,
             invoke,
             approve,
-            bundle_hash: bundle_digest(policies_cedar, entities_json),
+            settle,
+            cancel,
+            bundle_hash: bundle_digest(canonical_policies, canonical_entities),
         })
     }
 }
 
+/// Every entity of an entities file (a JSON array) as canonical JSON, sorted.
+fn canonical_entities(entities_json: &str) -> std::result::Result<Vec<String>, String> {
+    let value: Value = serde_json::from_str(entities_json).map_err(|e| e.to_string())?;
+    let items = match value {
+        Value::Array(items) => items,
+        other => vec![other],
+    };
+    let mut out = items
+        .iter()
+        .map(|e| Ok(canonical::canonicalize(&e.to_string())?.json))
+        .collect::<std::result::Result<Vec<_>, canonical::Error>>()
+        .map_err(|e| e.to_string())?;
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// See [`Policy::bundle_hash`].
-fn bundle_digest(policies_cedar: &str, entities_json: &str) -> String {
+fn bundle_digest(mut policies: Vec<(String, String)>, entities: Vec<String>) -> String {
+    policies.sort_unstable();
     let mut hasher = Sha256::new();
     hasher.update(BUNDLE_HASH_DOMAIN);
-    for part in [policies_cedar, entities_json] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part.as_bytes());
+    let mut part = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_be_bytes());
+        hasher.update(bytes);
+    };
+    part(&(policies.len() as u64).to_be_bytes());
+    for (id, json) in &policies {
+        part(id.as_bytes());
+        part(json.as_bytes());
+    }
+    part(&(entities.len() as u64).to_be_bytes());
+    for json in &entities {
+        part(json.as_bytes());
     }
     hex::encode(hasher.finalize())
 }
@@ -1295,6 +1413,8 @@ mod tests {
                         let actions = [
                             (&policy.invoke, &policy.invoke_index),
                             (&policy.approve, &policy.approve_index),
+                            (&policy.settle, &policy.settle_index),
+                            (&policy.cancel, &policy.cancel_index),
                         ];
                         for (action, index) in actions {
                             let indexed = match policy.evaluate(&req, action, index) {
@@ -1350,7 +1470,12 @@ mod tests {
     #[test]
     fn index_drops_the_scopes_it_settles() {
         let policy = bundle();
-        for index in [&policy.invoke_index, &policy.approve_index] {
+        for index in [
+            &policy.invoke_index,
+            &policy.approve_index,
+            &policy.settle_index,
+            &policy.cancel_index,
+        ] {
             for (tool, (set, _)) in &index.per_tool {
                 for p in set.policies() {
                     assert_eq!(p.action_constraint(), ActionConstraint::Any, "{}", p.id());
@@ -1401,7 +1526,8 @@ mod tests {
             })
             .collect();
         let compared = assert_index_agrees(&policies, &entities, &principals, &tools, &arguments);
-        assert_eq!(compared, 9 * 4 * 2 * 4 * 2);
+        // principals × tools × tenants × arguments × actions (invoke, approve, settle, cancel)
+        assert_eq!(compared, 9 * 4 * 2 * 4 * 4);
     }
 
     /// The same over scopes the reference bundle does not use: `in` and `is` resources, action
@@ -1451,7 +1577,7 @@ mod tests {
             &["refund", "debit", "send_email"],
             &arguments,
         );
-        assert_eq!(compared, 3 * 3 * 2 * 4 * 2);
+        assert_eq!(compared, 3 * 3 * 2 * 4 * 4);
     }
 
     #[test]
@@ -1468,14 +1594,43 @@ mod tests {
                 .all(|c| matches!(c, '0'..='9' | 'a'..='f'))
         );
 
-        let spaced = Policy::from_sources(&format!("{policies} "), &entities).unwrap();
-        assert_ne!(a.bundle_hash(), spaced.bundle_hash());
-        let spaced = Policy::from_sources(&policies, &format!("{entities}\n")).unwrap();
-        assert_ne!(a.bundle_hash(), spaced.bundle_hash());
+        // How the bundle is written changes nothing: comments, layout, the order of policies
+        // that carry their own `@id`, the order and key order of entities.
+        let same =
+            |p: &str, e: &str| Policy::from_sources(p, e).unwrap().bundle_hash() == a.bundle_hash();
+        assert!(same(&format!("// reviewed\n{policies}\n\n  "), &entities));
+        assert!(same(&policies.replace('\n', "\n\n"), &entities));
+        let (first, rest) = policies.split_once("\n@id(\"refund-auto-small\")").unwrap();
+        let moved = format!("@id(\"refund-auto-small\"){rest}\n{first}");
+        assert!(same(&moved, &entities), "the first policy moved to the end");
+        let mut list: Vec<Value> = serde_json::from_str(&entities).unwrap();
+        list.reverse();
+        assert!(same(
+            &policies,
+            &serde_json::to_string_pretty(&list).unwrap()
+        ));
 
-        // Length prefixes: moving bytes across the boundary changes the hash.
-        assert_ne!(bundle_digest("ab", "c"), bundle_digest("a", "bc"));
-        assert_ne!(bundle_digest("", "x"), bundle_digest("x", ""));
+        // What it says changes it: a limit, an entity.
+        assert!(!same(&policies.replace("<= 10000", "<= 10001"), &entities));
+        assert!(!same(
+            &policies,
+            &serde_json::to_string(&list[1..]).unwrap()
+        ));
+
+        // Length and count prefixes: moving bytes across a boundary changes the hash.
+        let digest = |p: &[(&str, &str)], e: &[&str]| {
+            bundle_digest(
+                p.iter()
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect(),
+                e.iter().map(|s| s.to_string()).collect(),
+            )
+        };
+        assert_ne!(digest(&[("ab", "c")], &[]), digest(&[("a", "bc")], &[]));
+        assert_ne!(
+            digest(&[("a", "b")], &["c"]),
+            digest(&[("a", "b"), ("c", "")], &[])
+        );
     }
 
     fn load_error(policies: &str) -> Error {
