@@ -46,6 +46,8 @@ const RECONCILE_DOMAIN_V1: &[u8] = b"airlock/reconcile/v1\0";
 const FENCE_DOMAIN_V1: &[u8] = b"airlock/fence/v1\0";
 /// Domain separation tag of version 1 of an outcome's signed message. Never change it.
 const OUTCOME_DOMAIN_V1: &[u8] = b"airlock/outcome/v1\0";
+/// Domain separation tag of version 1 of a person's signed approval or control. Never change it.
+const PERSON_DOMAIN_V1: &[u8] = b"airlock/person/v1\0";
 /// The first byte of a version-1 capability.
 pub const VERSION: u8 = 1;
 /// Length of a version-1 capability: version byte and signature.
@@ -291,6 +293,53 @@ pub fn verify_outcome_any(
     value: &[u8],
 ) -> Result<(), Refused> {
     signed_by_any(keys, capability, &outcome_message(connector, value))
+}
+
+/// What a person signs: an approval (`"approval"`) or an operator control (`"control"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PersonAct {
+    Approval,
+    Control,
+}
+
+impl PersonAct {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PersonAct::Approval => "approval",
+            PersonAct::Control => "control",
+        }
+    }
+}
+
+/// The version-1 signed message of a person's approval or control: `"airlock/person/v1\0"`,
+/// what it is and the person's principal id (strings of [`message`]), then the record's value
+/// exactly as produced. The approver or operator signs with their own key, registered in the
+/// policy entities (`verifying_keys`); the processor counts the record only when it verifies
+/// under one of that person's keys, so that whoever can write the approvals or control topic
+/// cannot act as someone else. Frozen like [`message`].
+pub fn person_message(act: PersonAct, person: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PERSON_DOMAIN_V1.len() + 8 + 16 + person.len() + value.len());
+    out.extend_from_slice(PERSON_DOMAIN_V1);
+    string(&mut out, act.as_str());
+    string(&mut out, person);
+    out.extend_from_slice(value);
+    out
+}
+
+/// The capability (header `airlock-capability`) of `person`'s record whose value is `value`.
+pub fn sign_person(key: &SigningKey, act: PersonAct, person: &str, value: &[u8]) -> Vec<u8> {
+    capability_of(key, &person_message(act, person, value))
+}
+
+/// Checks that `capability` signs `person`'s record `value` by one of `keys`.
+pub fn verify_person_any(
+    keys: &[VerifyingKey],
+    capability: Option<&[u8]>,
+    act: PersonAct,
+    person: &str,
+    value: &[u8],
+) -> Result<(), Refused> {
+    signed_by_any(keys, capability, &person_message(act, person, value))
 }
 
 fn capability_of(key: &SigningKey, message: &[u8]) -> Vec<u8> {

@@ -42,6 +42,7 @@ pub fn effect_record(key: &str, state: State) -> EffectRecord {
         applied_controls: Vec::new(),
         earlier_requesters: Vec::new(),
         retention_ms: 1_000,
+        closed_until: None,
         state,
         updated_at: 0,
     }

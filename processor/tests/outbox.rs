@@ -301,28 +301,28 @@ fn rewritten_rows_go_out_again_unchanged_with_the_owners_epoch() {
     );
     let out = t.seal(3_000).unwrap().records;
     assert_eq!(t.store().projection_hash(), projection);
-    let rows: Vec<(Vec<u8>, ChangelogRecord)> = out
-        .iter()
-        .filter(|r| r.phase == 1)
-        .map(|r| {
-            (
-                r.key.clone().unwrap(),
-                codec.decode_as(r.value.as_deref().unwrap()).unwrap(),
-            )
-        })
-        .collect();
-    let of = |key: &[u8]| rows.iter().find(|(k, _)| k == key).map(|(_, r)| r).unwrap();
-    assert_eq!(of(&present).owner_epoch, 3);
+    let changelog: Vec<_> = out.iter().filter(|r| r.phase == 1).collect();
+    let record = |key: &[u8]| {
+        *changelog
+            .iter()
+            .find(|r| r.key.as_deref() == Some(key))
+            .unwrap()
+    };
+    let present_row: ChangelogRecord = codec
+        .decode_as(record(&present).value.as_deref().unwrap())
+        .unwrap();
+    assert_eq!(present_row.owner_epoch, 3);
     assert_eq!(
-        of(&present).value,
+        present_row.value,
         t.store().get_raw(Table::Effect, b"refund:o5").unwrap()
     );
-    assert!(of(&present).value.is_some());
-    assert_eq!(
-        of(&absent).value,
-        None,
-        "a key this owner does not hold: a tombstone"
-    );
+    assert!(present_row.value.is_some());
+    // A key this owner does not hold: a Kafka tombstone (no value), under the owner's epoch,
+    // and not the batch's last record.
+    let tombstone = record(&absent);
+    assert_eq!(tombstone.value, None);
+    assert_eq!(tombstone.header(header::OWNER_EPOCH), Some(b"3".as_slice()));
+    assert!(tombstone.header(header::BATCH_END).is_none());
 
     // Staged at a stop, before any batch: sealed into the outbox unsent, for the next claim.
     t.rewrite_rows(&[present]).unwrap();

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use airlock_processor::core::record::State;
+use airlock_processor::core::record::{State, TimerKind};
 use airlock_processor::core::registry::Registry;
 use airlock_processor::core::{self, Core, Effects, Input, StateView};
 use airlock_processor::sample::{self, HOUR_MS};
@@ -955,25 +955,79 @@ fn run_dispatch_budget_stops_a_runaway_loop() -> Vec<Decision> {
     w.seen
 }
 
-fn settled_records_are_purged_after_retention_only() -> Vec<Decision> {
+fn settled_records_close_after_retention_and_answer_blind_retries() -> Vec<Decision> {
     let mut w = World::new();
-    let p = sample::refund("refund:old", 10, w.now);
-    w.propose(&p);
-    w.outcome("refund:old", 1, OutcomeKind::Committed);
-    let (purge_at, _) = w.record("refund:old").next_timer().unwrap();
-    assert_eq!(purge_at, w.now + 7 * 24 * HOUR_MS);
-    w.advance_to(purge_at - 1);
-    assert!(w.task.store().effect("refund:old").unwrap().is_some());
-    let e = w.advance_to(purge_at);
-    assert_eq!(
+    let purged = |e: &Effects| {
         e.journal
             .iter()
             .filter(|j| j.kind == JournalKind::RecordPurged)
-            .count(),
+            .count()
+    };
+    let p = sample::refund("refund:old", 10, w.now);
+    w.propose(&p);
+    w.outcome("refund:old", 1, OutcomeKind::Committed);
+    let receipt = match w.record("refund:old").state {
+        State::Committed { receipt, .. } => receipt,
+        other => panic!("not committed: {other:?}"),
+    };
+    let (purge_at, _) = w.record("refund:old").next_timer().unwrap();
+    assert_eq!(purge_at, w.now + 7 * 24 * HOUR_MS);
+    w.advance_to(purge_at - 1);
+    assert!(!w.record("refund:old").arguments_json.is_empty());
+    let e = w.advance_to(purge_at);
+    assert_eq!(
+        purged(&e),
         3,
-        "the effect, the proposal id and the run are all purged: {:?}",
+        "the effect's bulk, the proposal id and the run are purged: {:?}",
         e.journal
     );
+    // What stays is a closed-intent marker: the binding, the state and the receipt.
+    let marker = w.record("refund:old");
+    let closed_until = purge_at + 30 * 24 * HOUR_MS;
+    assert_eq!(marker.closed_until, Some(closed_until));
+    assert!(marker.arguments_json.is_empty() && marker.used_approvals.is_empty());
+    assert_eq!(marker.effect_state(), EffectState::Committed);
+    assert_eq!(marker.next_timer(), Some((closed_until, TimerKind::Purge)));
+
+    // An agent retrying blindly a week and a day later (a fresh proposal id, a fresh
+    // deadline): answered with the commit, nothing dispatched again.
+    let mut retry = sample::refund("refund:old", 10, w.now);
+    retry.proposal_id = "blind-retry-1".into();
+    let e = w.propose(&retry);
+    assert_verdict(&e, Verdict::Duplicate, Reason::AlreadyCommitted);
+    assert!(e.dispatches.is_empty());
+    assert_eq!(e.decisions[0].receipt.as_deref(), Some(receipt.as_str()));
+    // Other arguments under the key are still another intent.
+    let mut other = sample::refund("refund:old", 11, w.now);
+    other.proposal_id = "blind-retry-2".into();
+    assert_verdict(&w.propose(&other), Verdict::Conflict, Reason::HashConflict);
+
+    // A failure that was final closes the same way; the key cannot be attempted again.
+    let p = ToolProposal {
+        tool: "send_email".into(),
+        arguments_json: serde_json::json!({
+            "tenant_id": "acme", "to": "ops@example.com", "subject": "hi", "body": "hello"
+        })
+        .to_string(),
+        ..sample::refund("email:old", 1, w.now)
+    };
+    w.propose(&p);
+    w.outcome("email:old", 1, OutcomeKind::Failed);
+    let (purge_at, _) = w.record("email:old").next_timer().unwrap();
+    w.advance_to(purge_at);
+    assert!(w.record("email:old").closed_until.is_some());
+    let retry = ToolProposal {
+        proposal_id: "email-blind-retry".into(),
+        deadline_at: w.now + HOUR_MS,
+        ..p
+    };
+    let e = w.propose(&retry);
+    assert_verdict(&e, Verdict::Rejected, Reason::IntentClosed);
+    assert!(e.dispatches.is_empty());
+
+    // The marker goes at its own time; the key is free for a new intent after that.
+    let e = w.advance_to(closed_until);
+    assert!(purged(&e) >= 1);
     assert!(w.task.store().effect("refund:old").unwrap().is_none());
     w.seen
 }
@@ -1070,7 +1124,7 @@ mod run {
         rejected_or_unanswered_approval_dispatches_nothing,
         stale_lease_fence_is_refused,
         run_dispatch_budget_stops_a_runaway_loop,
-        settled_records_are_purged_after_retention_only,
+        settled_records_close_after_retention_and_answer_blind_retries,
         control_refusals,
         late_commit_corrects_a_failure_of_the_same_epoch,
     );

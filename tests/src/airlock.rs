@@ -66,7 +66,22 @@ pub struct Options {
     /// processors take the outcomes of every connector of the registry only signed with it
     /// (`capability.worker_verifying_key_files`).
     pub signing_workers: bool,
+    /// Approvers and operators sign: a key pair is made for each of [`PEOPLE`] (under the state
+    /// root, [`Airlock::person_key_file`]), registered in the policy entities as the person's
+    /// `verifying_keys`, and `capability.require_person_signatures` is on.
+    pub signing_people: bool,
 }
+
+/// The approvers and operators of the reference entities, who sign with
+/// [`Options::signing_people`].
+pub const PEOPLE: &[&str] = &[
+    "alice",
+    "bob",
+    "carol",
+    "operator-olga",
+    "ops-1",
+    "operator-globex",
+];
 
 impl Airlock {
     /// Starts a broker and creates every topic with `partitions` partitions.
@@ -125,11 +140,12 @@ impl Airlock {
         config.processor.clock_tick_ms = 250;
         config.state.sync = false;
         let state_root = tempfile::tempdir()?;
-        let dir = if options.reference_attempt_timeouts {
-            airlock_processor::sample::config_dir()
-        } else {
-            reference_config_without_attempt_timeouts(state_root.path())?
-        };
+        let dir = reference_config(
+            state_root.path(),
+            !options.reference_attempt_timeouts,
+            options.signing_people,
+        )?;
+        config.capability.require_person_signatures = options.signing_people;
         if let Some(key) = options.signing_key_file {
             config.capability.signing_key_file = key;
         }
@@ -174,6 +190,29 @@ impl Airlock {
         c.processor.instance = instance.to_owned();
         c.state.dir = self.state_dir(instance);
         c
+    }
+
+    /// The signing key of `person` (one of [`PEOPLE`]) made by [`Options::signing_people`].
+    pub fn person_key_file(&self, person: &str) -> PathBuf {
+        self.state_root
+            .path()
+            .join("people")
+            .join(person)
+            .with_extension("key")
+    }
+
+    /// The `airlock-capability` header that signs `person`'s record `value` as `act`.
+    pub fn person_signature(
+        &self,
+        act: airlock_processor::capability::PersonAct,
+        person: &str,
+        value: &[u8],
+    ) -> anyhow::Result<(String, Vec<u8>)> {
+        let key = airlock_processor::capability::load_signing_key(&self.person_key_file(person))?;
+        Ok((
+            airlock_processor::runtime::wire::header::CAPABILITY.to_owned(),
+            airlock_processor::capability::sign_person(&key, act, person, value),
+        ))
     }
 
     pub fn state_dir(&self, instance: &str) -> PathBuf {
@@ -269,6 +308,14 @@ impl Airlock {
             .env(
                 "AIRLOCK_RECEIPTS_SIGNING_KEY_FILE",
                 &config.receipts.signing_key_file,
+            )
+            .env(
+                "AIRLOCK_CAPABILITY_REQUIRE_PERSON_SIGNATURES",
+                config.capability.require_person_signatures.to_string(),
+            )
+            .env(
+                "AIRLOCK_CLOSED_INTENT_RETENTION_MS",
+                config.processor.closed_intent_retention_ms.to_string(),
             )
             .env(
                 "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
@@ -619,11 +666,18 @@ impl Airlock {
     }
 }
 
-/// A copy of `deploy/config` under `root` whose attempt timeout caps are ten minutes. These
-/// tests run no connector, so every attempt would time out after the reference 10 s of wall
-/// clock and later replies would depend on how fast the machine is; with long caps, the
-/// verdicts can be compared exactly with an untimed reference run.
-fn reference_config_without_attempt_timeouts(root: &Path) -> anyhow::Result<PathBuf> {
+/// A copy of `deploy/config` under `root`, changed as asked:
+/// - `long_attempts`: attempt timeout caps of ten minutes. Tests that run no connector would
+///   otherwise see every attempt time out after the reference 10 s of wall clock, and later
+///   replies would depend on how fast the machine is; with long caps, the verdicts can be
+///   compared exactly with an untimed reference run.
+/// - `signing_people`: a key pair for each of [`PEOPLE`] (`<root>/people/<id>.{key,pub}`), the
+///   verifying key registered as the principal's `verifying_keys`.
+fn reference_config(
+    root: &Path,
+    long_attempts: bool,
+    signing_people: bool,
+) -> anyhow::Result<PathBuf> {
     fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(to)?;
         for entry in std::fs::read_dir(from)? {
@@ -639,19 +693,38 @@ fn reference_config_without_attempt_timeouts(root: &Path) -> anyhow::Result<Path
     }
     let dir = root.join("config");
     copy_dir(&airlock_processor::sample::config_dir(), &dir)?;
-    let tools = dir.join("tools.toml");
-    let text = std::fs::read_to_string(&tools)?;
-    let patched: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.starts_with("attempt_timeout_cap_ms") {
-                "attempt_timeout_cap_ms = 600000".to_owned()
-            } else {
-                l.to_owned()
-            }
-        })
-        .collect();
-    std::fs::write(&tools, patched.join("\n") + "\n")?;
+    if long_attempts {
+        let tools = dir.join("tools.toml");
+        let text = std::fs::read_to_string(&tools)?;
+        let patched: Vec<String> = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("attempt_timeout_cap_ms") {
+                    "attempt_timeout_cap_ms = 600000".to_owned()
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        std::fs::write(&tools, patched.join("\n") + "\n")?;
+    }
+    if signing_people {
+        let file = dir.join("entities.json");
+        let mut entities: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&file)?)?;
+        std::fs::create_dir_all(root.join("people"))?;
+        for id in PEOPLE {
+            let key = airlock_processor::capability::generate()?;
+            airlock_processor::capability::write_key_pair(&key, &root.join("people").join(id))?;
+            let entity = entities
+                .iter_mut()
+                .find(|e| e["uid"]["id"] == *id)
+                .with_context(|| format!("{id} is not in the reference entities"))?;
+            entity["attrs"]["verifying_keys"] =
+                serde_json::json!([hex::encode(key.verifying_key().to_bytes())]);
+        }
+        std::fs::write(&file, serde_json::to_string_pretty(&entities)?)?;
+    }
     Ok(dir)
 }
 

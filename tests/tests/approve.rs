@@ -2,7 +2,8 @@
 //! proposal is refused; a refund above the auto-approval limit, proposed from the command
 //! line, waits for approval; an approval for other arguments is refused (non-zero exit); the
 //! approval bound to the hash the processor reported (the same command as the early one) is
-//! recorded and dispatches the refund; running either command again shows the earlier answer
+//! refused unsigned and signed with another person's key (the entities register alice's key),
+//! then recorded signed with alice's key, and dispatches the refund; running either command again shows the earlier answer
 //! and publishes nothing; one dispatch; `airlock replay` verifies the journal.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,14 +11,22 @@ use std::time::Duration;
 
 use airlock_processor::sample;
 use airlock_schemas::{Decision, DispatchCommand, Reason, Verdict};
-use airlock_tests::airlock::Airlock;
+use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
 
 const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Result<()> {
-    let a = Airlock::start("approve", 2).await?;
+    let a = Airlock::start_with(
+        "approve",
+        2,
+        Options {
+            signing_people: true,
+            ..Options::default()
+        },
+    )
+    .await?;
     let processor = a.spawn("p1")?;
     let key = "refund:txn_large";
     let arguments = sample::money_arguments("acme", "acct-42", 20_000, "EUR");
@@ -38,8 +47,9 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
             "run-approve",
         ])
     };
-    let approve = |hash: &str| {
-        a.cli(&[
+    let approve_signed_by = |hash: &str, signer: Option<&str>| {
+        let key_file = signer.map(|s| a.person_key_file(s).display().to_string());
+        let mut args = vec![
             "approve",
             key,
             "--arguments-hash",
@@ -52,8 +62,13 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
             "checked the ticket",
             "--timeout-seconds",
             "60",
-        ])
+        ];
+        if let Some(file) = &key_file {
+            args.extend(["--signing-key", file.as_str()]);
+        }
+        a.cli(&args)
     };
+    let approve = |hash: &str| approve_signed_by(hash, Some("alice"));
 
     // An approval before the proposal: refused (nothing to approve yet).
     let expected = airlock_processor::core::canonical::canonicalize(&arguments)?.hash;
@@ -93,8 +108,20 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     );
     assert!(out.contains("APPROVAL_HASH_MISMATCH"), "{out}\n{err}");
 
-    // The reported hash: the same command as the refused one above, published again (its
-    // earlier answer was a refusal) and recorded; the refund is dispatched.
+    // The reported hash, but unsigned, or signed with bob's key: alice's key is registered,
+    // so neither counts.
+    let (ok, out, err) = approve_signed_by(&hash, None)?;
+    assert!(!ok, "an unsigned approval must fail:\n{out}\n{err}");
+    assert!(out.contains("not signed by alice"), "{out}\n{err}");
+    let (ok, out, err) = approve_signed_by(&hash, Some("bob"))?;
+    assert!(
+        !ok,
+        "an approval signed by bob as alice must fail:\n{out}\n{err}"
+    );
+    assert!(out.contains("does not verify"), "{out}\n{err}");
+
+    // Signed by alice: the same command as the refused ones above, published again (its
+    // earlier answers were refusals) and recorded; the refund is dispatched.
     let (ok, out, err) = approve(&hash)?;
     assert!(ok, "the approval must be recorded:\n{out}\n{err}");
     assert!(out.contains("RECORDED APPROVAL_RECORDED"), "{out}");

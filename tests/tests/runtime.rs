@@ -49,7 +49,7 @@ async fn await_decisions(a: &Airlock, n: usize) -> anyhow::Result<BTreeMap<Strin
         let codec = airlock_schemas::Codec::new();
         for r in a.read_topic(&a.names.changelog())? {
             let kind = r.header_str(header::KIND).unwrap_or("").to_owned();
-            if kind != "changelog" {
+            if kind != "changelog" || r.value.is_none() {
                 eprintln!(
                     "changelog p{} o{} {kind} {:?}",
                     r.partition, r.offset, r.admit

@@ -258,7 +258,7 @@ async fn copy(
 /// by their topic's full name.
 fn renamed(r: &Read, from: &str, to: &str) -> anyhow::Result<Read> {
     let Some(value) = r.value.as_ref().filter(|_| r.admit == Admit::Accept) else {
-        // A fence marker.
+        // A fence marker, or a tombstone (its key is a store key of a table that is not renamed).
         return Ok(r.clone());
     };
     let codec = Codec::new();

@@ -235,7 +235,10 @@ fn effect_rows(a: &Airlock) -> anyhow::Result<Vec<ChangelogRecord>> {
     let codec = Codec::new();
     let mut rows = Vec::new();
     for r in a.read_topic(&a.names.changelog())? {
-        if r.header(header::KIND) != Some(b"changelog".as_slice()) || r.admit != Admit::Accept {
+        if r.header(header::KIND) != Some(b"changelog".as_slice())
+            || r.admit != Admit::Accept
+            || r.value.is_none()
+        {
             continue;
         }
         let record: ChangelogRecord = codec.decode_as(r.value.as_deref().unwrap_or_default())?;

@@ -14,6 +14,7 @@ use std::io::Write;
 use airlock_schemas::{Approval, ApprovalVerdict, Codec, Verdict};
 
 use super::ask::{self, Request};
+use crate::capability::PersonAct;
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -40,6 +41,11 @@ pub struct Args {
     /// Free text kept with the approval in the journal.
     #[arg(long)]
     pub comment: Option<String>,
+    /// The approver's Ed25519 signing key (`airlock keygen`), whose verifying key the policy
+    /// entities register for them (`verifying_keys`); without it the record leaves unsigned,
+    /// which the processor refuses for anyone with keys registered.
+    #[arg(long, env = "AIRLOCK_SIGNING_KEY")]
+    pub signing_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub common: ask::Common,
 }
@@ -56,10 +62,17 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     )?;
     let approval = approval(args, round.as_deref(), ask::now_ms()?)?;
     let names = Names::new(&config.topics.prefix);
+    let payload = Codec::new().encode_single_object(&approval)?;
     let request = Request {
+        headers: ask::person_signature(
+            args.signing_key.as_deref(),
+            PersonAct::Approval,
+            &args.approver,
+            &payload,
+        )?,
         topic: names.approvals(),
         operation_key: &args.operation_key,
-        payload: Codec::new().encode_single_object(&approval)?,
+        payload,
         reply_to: &approval.approval_id,
         done: |d| matches!(d.verdict, Verdict::Recorded | Verdict::Duplicate),
     };

@@ -79,12 +79,34 @@ pub struct Request<'a> {
     pub payload: Vec<u8>,
     /// The id the decision's `in_reply_to` carries.
     pub reply_to: &'a str,
+    /// Headers of the published record (a person's signature, [`person_signature`]).
+    pub headers: Vec<(String, Vec<u8>)>,
     /// Whether an earlier reply to the same id (the same command run before) already is the
     /// answer, so the request is not published again: a settlement or an approval that was
     /// applied, any answer to a proposal (a resend of it is not answered at all). A command
     /// whose earlier run was refused (the proposal had not arrived, the effect was not
     /// settleable yet) publishes again and waits for the answer after it.
     pub done: fn(&Decision) -> bool,
+}
+
+/// The header that signs `person`'s record `payload` with the key in `key_file`
+/// (`--signing-key`), or none without a key file. The processor checks it against the keys the
+/// policy entities register for the person (`verifying_keys`).
+pub fn person_signature(
+    key_file: Option<&std::path::Path>,
+    act: crate::capability::PersonAct,
+    person: &str,
+    payload: &[u8],
+) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let Some(file) = key_file else {
+        return Ok(Vec::new());
+    };
+    let key = crate::capability::load_signing_key(file)
+        .with_context(|| format!("loading the signing key of {person}"))?;
+    Ok(vec![(
+        crate::runtime::wire::header::CAPABILITY.to_owned(),
+        crate::capability::sign_person(&key, act, person, payload),
+    )])
 }
 
 /// The processor's answer to a request.
@@ -138,7 +160,7 @@ pub fn publish_and_await(
             partition,
             key: Some(request.operation_key.as_bytes().to_vec()),
             value: Some(request.payload.clone()),
-            headers: Vec::new(),
+            headers: request.headers.clone(),
             phase: 0,
         }])
         .with_context(|| format!("producing to {} (is the broker up?)", request.topic))?;

@@ -62,6 +62,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let proposal = proposal(args, ask::now_ms()?)?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
+        headers: Vec::new(),
         topic: names.proposals(),
         operation_key: &proposal.operation_key,
         payload: Codec::new().encode_single_object(&proposal)?,

@@ -56,7 +56,20 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
     );
     let connectors: std::collections::BTreeSet<String> =
         registry.tools().map(|t| t.connector.clone()).collect();
-    let core = with_receipt_key(Core::new(registry, policy, core::Config::default()), config)?;
+    let limits = core::Config {
+        closed_intent_retention_ms: config.processor.closed_intent_retention_ms,
+        ..core::Config::default()
+    };
+    let people = policy.people_with_keys();
+    let core = with_receipt_key(Core::new(registry, policy, limits), config)?
+        .with_person_signatures_required(config.capability.require_person_signatures);
+    if !config.capability.require_person_signatures {
+        log::warn!(
+            "capability.require_person_signatures is off: approvals and controls of people \
+             without verifying_keys in the policy entities are taken unsigned ({people} \
+             principals have keys registered)"
+        );
+    }
     let core = with_worker_keys(core, config, &connectors)?;
     let key_file = &config.capability.signing_key_file;
     if key_file.as_os_str().is_empty() {

@@ -13,6 +13,7 @@ use std::io::Write;
 use airlock_schemas::{Codec, Control, ControlKind, Reason};
 
 use super::ask::{self, Request};
+use crate::capability::PersonAct;
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -31,6 +32,11 @@ pub struct Args {
     /// The operator's principal id, recorded as the settlement's principal.
     #[arg(long, env = "AIRLOCK_OPERATOR")]
     pub operator: String,
+    /// The operator's Ed25519 signing key (`airlock keygen`), whose verifying key the policy
+    /// entities register for them (`verifying_keys`); without it the record leaves unsigned,
+    /// which the processor refuses for anyone with keys registered.
+    #[arg(long, env = "AIRLOCK_SIGNING_KEY")]
+    pub signing_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub common: ask::Common,
 }
@@ -54,10 +60,17 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         evidence: Some(args.evidence.clone()),
         issued_at: ask::now_ms()?,
     };
+    let payload = Codec::new().encode_single_object(&control)?;
     let request = Request {
+        headers: ask::person_signature(
+            args.signing_key.as_deref(),
+            PersonAct::Control,
+            &args.operator,
+            &payload,
+        )?,
         topic: names.control(),
         operation_key: &args.operation_key,
-        payload: Codec::new().encode_single_object(&control)?,
+        payload,
         reply_to: &control_id,
         done: |d| d.reason == Reason::OperatorSettled,
     };

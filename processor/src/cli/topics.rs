@@ -62,6 +62,19 @@ pub fn create(config: &Config, timeout: Duration, out: &mut impl Write) -> anyho
     })?;
     let specs =
         Names::new(&config.topics.prefix).plan(registry.tools().map(|t| t.connector.as_str()));
+    let outcomes_retention: u64 = topics::OUTCOMES_RETENTION_MS.parse()?;
+    for tool in registry
+        .tools()
+        .filter(|t| t.retention_ms > outcomes_retention)
+    {
+        writeln!(
+            out,
+            "warning: tool {} v{} keeps its intents {} ms, longer than the outcomes topic \
+             keeps the connectors' evidence ({outcomes_retention} ms); raise the topic's \
+             retention.ms to match",
+            tool.name, tool.version, tool.retention_ms
+        )?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -59,6 +59,12 @@ pub struct EffectRecord {
     pub applied_controls: Vec<String>,
     /// Copied from the tool at creation so that purging does not depend on today's registry.
     pub retention_ms: u64,
+    /// Set once the record's retention has passed: its bulk (arguments, approvals, evidence) is
+    /// gone and what is left is a closed-intent marker that keeps answering blind retries of
+    /// the key (a committed intent with its receipt) until this time, then is deleted. See
+    /// [`EffectRecord::close`]. Absent from the JSON until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_until: Option<i64>,
     pub state: State,
     pub updated_at: i64,
 }
@@ -142,6 +148,8 @@ pub enum TimerKind {
 pub struct TimerFields {
     pub deadline_at: i64,
     pub retention_ms: u64,
+    #[serde(default)]
+    pub closed_until: Option<i64>,
     pub state: StateTimes,
 }
 
@@ -162,11 +170,16 @@ impl TimerFields {
     /// state must carry and does not (a corrupt record).
     pub fn next_timer(&self) -> Result<Option<(i64, TimerKind)>, &'static str> {
         let s = &self.state;
+        // A terminal record is purged twice: its bulk after its retention (it becomes a
+        // closed-intent marker), the marker itself at `closed_until`.
         let purge = |at: i64| {
-            Some((
-                at.saturating_add_unsigned(self.retention_ms),
-                TimerKind::Purge,
-            ))
+            Some(match self.closed_until {
+                Some(until) => (until, TimerKind::Purge),
+                None => (
+                    at.saturating_add_unsigned(self.retention_ms),
+                    TimerKind::Purge,
+                ),
+            })
         };
         Ok(match s.kind {
             EffectState::AwaitingApproval => Some((
@@ -199,6 +212,7 @@ impl EffectRecord {
         TimerFields {
             deadline_at: self.deadline_at,
             retention_ms: self.retention_ms,
+            closed_until: self.closed_until,
             state: self.state.times(),
         }
         .next_timer()
@@ -208,6 +222,26 @@ impl EffectRecord {
     /// The Avro-facing name of the state.
     pub fn effect_state(&self) -> EffectState {
         self.state.effect_state()
+    }
+
+    /// Turns a terminal record whose retention has passed into a closed-intent marker kept
+    /// until `until`: it keeps what binds the key (tool, version, tenant, arguments hash),
+    /// the state, the epoch and a commit's receipt, and drops the rest (canonical arguments up
+    /// to the tool's size limit, approvals, controls, evidence). A blind retry of the key is
+    /// still answered as the intent's (DUPLICATE with the receipt, or closed), never decided
+    /// afresh as a new intent at epoch 1.
+    pub fn close(&mut self, until: i64) {
+        self.closed_until = Some(until);
+        self.arguments_json = String::new();
+        self.used_approvals = Vec::new();
+        self.applied_controls = Vec::new();
+        self.earlier_requesters = Vec::new();
+        match &mut self.state {
+            State::Committed { evidence, .. } | State::Failed { evidence, .. } => {
+                *evidence = String::new();
+            }
+            _ => {}
+        }
     }
 
     /// True once nothing but purging can change the record.

@@ -28,9 +28,11 @@
 //! | `processor.changelog_sweep_ms` | `AIRLOCK_CHANGELOG_SWEEP_MS` | `30000` |
 //! | `processor.clock_tick_ms` | `AIRLOCK_CLOCK_TICK_MS` | `1000` |
 //! | `processor.claim_stall_timeout_ms` | `AIRLOCK_CLAIM_STALL_TIMEOUT_MS` | `60000` |
+//! | `processor.closed_intent_retention_ms` | `AIRLOCK_CLOSED_INTENT_RETENTION_MS` | `2592000000` (30 days) |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
+//! | `capability.require_person_signatures` | `AIRLOCK_CAPABILITY_REQUIRE_PERSON_SIGNATURES` | `false`: people without registered keys act unsigned |
 //! | `capability.worker_verifying_key_files` (per connector, its workers' verifying keys) | `AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES` (`name=a.pub,b.pub;name=c.pub`) | none: outcomes taken unsigned |
 //! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
 //! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
@@ -134,6 +136,12 @@ pub struct Capability {
     /// dead-lettered as UNSIGNED or FORGED; a connector not listed has its outcomes taken
     /// unsigned (`airlock run` warns at start).
     pub worker_verifying_key_files: BTreeMap<String, Vec<PathBuf>>,
+    /// Approvals and operator controls are signed by their person (`airlock approve` and
+    /// `airlock settle` with `--signing-key`) under a key the policy entities register for
+    /// them (attribute `verifying_keys` of the principal). A person with keys registered must
+    /// always sign; with this on, a person without any is refused too (UNKNOWN_SIGNER), else
+    /// their records are taken unsigned (`airlock run` warns at start).
+    pub require_person_signatures: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -168,6 +176,12 @@ pub struct Processor {
     /// (the broker stopped answering, or the partition's end moved out of reach); the group
     /// then hands the partition on.
     pub claim_stall_timeout_ms: u64,
+    /// How long a terminal intent's key stays bound after the tool's `retention_ms` purged its
+    /// arguments, approvals and evidence: a closed-intent marker (binding, state, a commit's
+    /// receipt) answers blind retries of the key (DUPLICATE, or closed) until then, and is then
+    /// deleted (a changelog tombstone). Set it well past the longest time an agent may retry
+    /// an old key. 0 deletes the whole record at retention.
+    pub closed_intent_retention_ms: u64,
     /// The producer's linger: a little batching of the outputs.
     pub linger_ms: u64,
     /// Threads that decide and seal a batch's partitions side by side, the polling one
@@ -192,6 +206,7 @@ impl Default for Processor {
             changelog_sweep_ms: 30_000,
             clock_tick_ms: 1_000,
             claim_stall_timeout_ms: 60_000,
+            closed_intent_retention_ms: 30 * 24 * 3_600_000,
             linger_ms: 2,
             threads: 4,
         }
@@ -655,12 +670,20 @@ impl Config {
             "AIRLOCK_CLAIM_STALL_TIMEOUT_MS",
             &mut self.processor.claim_stall_timeout_ms,
         )?;
+        env.parse(
+            "AIRLOCK_CLOSED_INTENT_RETENTION_MS",
+            &mut self.processor.closed_intent_retention_ms,
+        )?;
         env.parse("AIRLOCK_LINGER_MS", &mut self.processor.linger_ms)?;
         env.parse("AIRLOCK_THREADS", &mut self.processor.threads)?;
         env.take(
             "AIRLOCK_CAPABILITY_SIGNING_KEY_FILE",
             &mut self.capability.signing_key_file,
         );
+        env.parse(
+            "AIRLOCK_CAPABILITY_REQUIRE_PERSON_SIGNATURES",
+            &mut self.capability.require_person_signatures,
+        )?;
         if let Some(v) = (env.0)("AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES") {
             self.capability.worker_verifying_key_files =
                 worker_key_files(&v).map_err(|message| Error::Env {

@@ -79,6 +79,9 @@ const META_OUTBOX_NEXT: &[u8] = b"local/outbox_next";
 pub const META_CHANGELOG_NEXT: &[u8] = b"local/changelog_next";
 /// The owner epoch this store last claimed (a changelog row: the next owner reads it).
 pub const META_OWNER_EPOCH: &[u8] = b"owner_epoch";
+/// The time of the last batch that changed nothing but deletions: written so that such a
+/// batch's last changelog record is not a tombstone (see `seal_with`). Nothing reads it.
+const META_BATCH_END: &[u8] = b"batch_end";
 
 /// Which input topic a record came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -713,40 +716,60 @@ impl PartitionTask {
         let changelog_topic = self.names.changelog();
         // (full store key, table, value) of every changed row that the changelog carries.
         type Row = (Vec<u8>, StateTable, Option<Vec<u8>>);
-        let rows: Vec<Row> = self
-            .task
-            .store()
-            .staged()
-            .filter_map(|(key, value)| {
-                changelog_table(key).map(|t| (key.to_vec(), t, value.map(<[u8]>::to_vec)))
-            })
-            .collect();
+        let changed = |task: &Task<RocksStore>| -> Vec<Row> {
+            task.store()
+                .staged()
+                .filter_map(|(key, value)| {
+                    changelog_table(key).map(|t| (key.to_vec(), t, value.map(<[u8]>::to_vec)))
+                })
+                .collect()
+        };
+        let mut rows = changed(&self.task);
+        // A deletion leaves as a tombstone (no value), so that compaction drops the key. The
+        // batch's last record carries its end and must not be one: the cleaner removes
+        // tombstones after `delete.retention.ms`, and a batch without its end would read as
+        // torn. Deletions go first; a batch of deletions only ends with a row of its own.
+        if !rows.is_empty() && rows.iter().all(|(_, _, value)| value.is_none()) {
+            self.task.store_mut().stage_raw(
+                Table::Meta,
+                META_BATCH_END,
+                Some(now.to_be_bytes().to_vec()),
+            );
+            rows = changed(&self.task);
+        }
+        rows.sort_by_key(|(_, _, value)| value.is_some());
         let last = rows.len().saturating_sub(1);
         let mut changelog = Vec::with_capacity(rows.len());
         for (i, (full_key, table, value)) in rows.into_iter().enumerate() {
             let id = full_key[1..].to_vec();
-            let input_offsets = if i == last {
-                self.current_offsets()?
-            } else {
-                Vec::new()
-            };
-            let record = ChangelogRecord {
-                partition,
-                owner_epoch,
-                table,
-                key: id,
-                value,
-                input_offsets,
-                written_at: now,
-            };
-            let value =
-                self.codec
-                    .encode_single_object(&record)
-                    .map_err(|source| Error::Encode {
+            let value = match value {
+                // A tombstone: what restore needs (table and key, owner epoch) is in the
+                // record key and the identity headers.
+                None => None,
+                Some(value) => {
+                    let input_offsets = if i == last {
+                        self.current_offsets()?
+                    } else {
+                        Vec::new()
+                    };
+                    let record = ChangelogRecord {
                         partition,
-                        what: "changelog record",
-                        source,
-                    })?;
+                        owner_epoch,
+                        table,
+                        key: id,
+                        value: Some(value),
+                        input_offsets,
+                        written_at: now,
+                    };
+                    Some(self.codec.encode_single_object(&record).map_err(|source| {
+                        Error::Encode {
+                            partition,
+                            what: "changelog record",
+                            source,
+                        }
+                    })?)
+                }
+            };
             let id = format!("changelog/{partition}/{}", canonical::hex_lower(&full_key));
             let mut headers = wire::identity("changelog", &id, partition, owner_epoch);
             if i == last {
@@ -756,7 +779,7 @@ impl PartitionTask {
                 topic: changelog_topic.clone(),
                 partition,
                 key: Some(full_key),
-                value: Some(value),
+                value,
                 headers,
                 phase: 1,
             });
@@ -1058,6 +1081,52 @@ impl PartitionTask {
                 });
             }
         }
+        // An approval or a control counts only signed by its person, where that person has
+        // keys registered in the policy entities (or everyone must sign).
+        if let Some((act, person, id)) = signer(&input)
+            && let Some(keys) = self.task.core().person_keys(person)
+        {
+            let refused = if keys.is_empty() {
+                Err((
+                    "UNKNOWN_SIGNER",
+                    format!(
+                        "the policy entities register no verifying key for {} \
+                         (capability.require_person_signatures is on)",
+                        wire::clip(person, max)
+                    ),
+                ))
+            } else {
+                capability::verify_person_any(
+                    keys,
+                    rec.capability,
+                    act,
+                    person,
+                    rec.payload.unwrap_or_default(),
+                )
+                .map_err(|refused| {
+                    let why = match &refused {
+                        capability::Refused::Missing => {
+                            "it carries no signature (header airlock-capability)".to_owned()
+                        }
+                        other => other.to_string(),
+                    };
+                    (refused.code(), why)
+                })
+            };
+            if let Err((code, why)) = refused {
+                return Err(Refusal {
+                    reason: Reason::Malformed,
+                    code: Some(code),
+                    detail: format!(
+                        "{} {} is not signed by {}: {why}",
+                        act.as_str(),
+                        wire::clip(id, max),
+                        wire::clip(person, max)
+                    ),
+                    reply: reply_target(&input),
+                });
+            }
+        }
         Ok(input)
     }
 
@@ -1318,6 +1387,24 @@ impl Refusal {
     }
 }
 
+/// Who must have signed an input, as what, and the input's id: the approver of an approval,
+/// the operator of a control.
+fn signer(input: &Input) -> Option<(capability::PersonAct, &str, &str)> {
+    match input {
+        Input::Approval(a) => Some((
+            capability::PersonAct::Approval,
+            a.approver_id.as_str(),
+            a.approval_id.as_str(),
+        )),
+        Input::Control(c) => Some((
+            capability::PersonAct::Control,
+            c.operator_id.as_str(),
+            c.control_id.as_str(),
+        )),
+        Input::Proposal(_) | Input::Outcome(_) | Input::Timer(_) => None,
+    }
+}
+
 fn reply_target(input: &Input) -> Option<(String, String, Option<String>)> {
     match input {
         Input::Proposal(p) => Some((
@@ -1507,6 +1594,12 @@ mod tests {
     /// A task of partition 0 of 1 over a fresh RocksDB directory, its codec's payload limit
     /// `max_payload`.
     fn task(max_payload: usize) -> (tempfile::TempDir, PartitionTask, Names) {
+        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
+        task_over(core, max_payload)
+    }
+
+    /// [`task`] over `core`.
+    fn task_over(core: Arc<Core>, max_payload: usize) -> (tempfile::TempDir, PartitionTask, Names) {
         let dir = tempfile::tempdir().unwrap();
         let backend = RocksBackend::open(
             dir.path(),
@@ -1516,7 +1609,6 @@ mod tests {
             },
         )
         .unwrap();
-        let core = Arc::new(sample::reference_core(crate::core::Config::default()).unwrap());
         let names = Names::new("t.");
         let ctx = TaskContext {
             partition: 0,
@@ -1681,6 +1773,198 @@ mod tests {
                 .iter()
                 .any(|r| r.topic == names.dispatch("ledger")),
             "the fresh refund after the bad records is dispatched"
+        );
+    }
+
+    /// An approval or a control counts only signed by its person when the policy entities
+    /// register keys for them; with signatures required of everyone, a person without keys is
+    /// refused too. Every refusal is dead-lettered with its code and answered to the sender.
+    #[test]
+    fn approvals_and_controls_count_only_signed_by_their_person() {
+        use crate::capability::{PersonAct, SigningKey, sign_person};
+        let alice = SigningKey::from_bytes(&[7; 32]);
+        let intruder = SigningKey::from_bytes(&[9; 32]);
+        let dir = sample::config_dir();
+        let mut entities: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("entities.json")).unwrap())
+                .unwrap();
+        for e in &mut entities {
+            if e["uid"]["id"] == "alice" || e["uid"]["id"] == "operator-olga" {
+                e["attrs"]["verifying_keys"] =
+                    serde_json::json!([hex::encode(alice.verifying_key().to_bytes())]);
+            }
+        }
+        let core = |required: bool| {
+            let registry = crate::core::registry::Registry::load(&dir.join("tools.toml")).unwrap();
+            let policy = crate::core::policy::Policy::from_sources(
+                &std::fs::read_to_string(dir.join("policies.cedar")).unwrap(),
+                &serde_json::to_string(&entities).unwrap(),
+            )
+            .unwrap();
+            Arc::new(
+                Core::new(registry, policy, crate::core::Config::default())
+                    .with_person_signatures_required(required),
+            )
+        };
+        let codec = Codec::new();
+        let refund = sample::refund("refund:s", 100, NOW);
+        let approval = |approver: &str, id: &str| {
+            let mut a = sample::approval(
+                &refund,
+                "00",
+                approver,
+                airlock_schemas::ApprovalVerdict::Approve,
+                NOW,
+            );
+            a.approval_id = id.to_owned();
+            codec.encode_single_object(&a).unwrap()
+        };
+        let mut control = sample::control(
+            "c-s",
+            airlock_schemas::ControlKind::Cancel,
+            Some("refund:s"),
+            NOW,
+        );
+        control.operator_id = "operator-olga".to_owned();
+        let control = codec.encode_single_object(&control).unwrap();
+        let signed = |key: &SigningKey, act, person: &str, value: &[u8]| {
+            Some(sign_person(key, act, person, value))
+        };
+        let approvals = |p: &str, id: &str| (Source::Approvals, approval(p, id));
+        // (input, value, capability, the dead-letter code expected, if any)
+        type Case = (Source, Vec<u8>, Option<Vec<u8>>, Option<&'static str>);
+        let (a1, a2, a3, a4) = (
+            approvals("alice", "a-unsigned"),
+            approvals("alice", "a-intruder"),
+            approvals("alice", "a-signed"),
+            approvals("bob", "b-unsigned"),
+        );
+        let cases = |required: bool| -> Vec<Case> {
+            vec![
+                (a1.0, a1.1.clone(), None, Some("UNSIGNED")),
+                (
+                    a2.0,
+                    a2.1.clone(),
+                    signed(&intruder, PersonAct::Approval, "alice", &a2.1),
+                    Some("FORGED"),
+                ),
+                // Signed as a control: another message, so it does not verify.
+                (
+                    a3.0,
+                    a3.1.clone(),
+                    signed(&alice, PersonAct::Control, "alice", &a3.1),
+                    Some("FORGED"),
+                ),
+                (
+                    a3.0,
+                    a3.1.clone(),
+                    signed(&alice, PersonAct::Approval, "alice", &a3.1),
+                    None,
+                ),
+                (
+                    a4.0,
+                    a4.1.clone(),
+                    None,
+                    required.then_some("UNKNOWN_SIGNER"),
+                ),
+                (Source::Control, control.clone(), None, Some("UNSIGNED")),
+                (
+                    Source::Control,
+                    control.clone(),
+                    signed(&alice, PersonAct::Control, "operator-olga", &control),
+                    None,
+                ),
+            ]
+        };
+        for required in [false, true] {
+            let (_dir, mut task, names) = task_over(core(required), LIMIT);
+            let mut offsets = [0i64; 4];
+            let mut expected = Vec::new();
+            for (source, value, capability, code) in cases(required) {
+                let at = &mut offsets[Source::ALL.iter().position(|s| *s == source).unwrap()];
+                let topic = names.input(source);
+                task.handle_record(&InputRecord {
+                    capability: capability.as_deref(),
+                    ..record(source, &topic, *at, b"refund:s", &value)
+                })
+                .unwrap();
+                *at += 1;
+                expected.extend(code);
+            }
+            let outbox = task.seal(NOW).unwrap();
+            let codes: Vec<String> = outbox
+                .records
+                .iter()
+                .filter(|r| r.topic == names.dlq())
+                .map(|r| {
+                    let (_, v) = r
+                        .headers
+                        .iter()
+                        .find(|(k, _)| k == header::DLQ_REASON)
+                        .unwrap();
+                    String::from_utf8(v.clone()).unwrap()
+                })
+                .collect();
+            assert_eq!(codes, expected, "required: {required}");
+            // Each refusal is answered to whoever sent it, naming why.
+            let replies: Vec<airlock_schemas::Decision> = outbox
+                .records
+                .iter()
+                .filter(|r| r.topic == names.decisions())
+                .filter_map(|r| codec.decode_as(r.value.as_deref()?).ok())
+                .collect();
+            let unsigned = replies
+                .iter()
+                .find(|d| d.in_reply_to == "a-unsigned")
+                .expect("the unsigned approval is answered");
+            assert!(
+                unsigned.detail.contains("not signed by alice"),
+                "{unsigned:?}"
+            );
+        }
+    }
+
+    /// Deletions leave as tombstones (null values, so compaction drops their keys), and never
+    /// as a batch's last record, which carries the batch's end.
+    #[test]
+    fn deletions_leave_as_tombstones_and_never_end_a_batch() {
+        let (_dir, mut task, names) = task(LIMIT);
+        let changelog = |records: &[OutRecord]| -> Vec<(Vec<u8>, bool, bool)> {
+            records
+                .iter()
+                .filter(|r| r.topic == names.changelog())
+                .map(|r| {
+                    let end = r.headers.iter().any(|(k, _)| k == wire::header::BATCH_END);
+                    (r.key.clone().unwrap(), r.value.is_some(), end)
+                })
+                .collect()
+        };
+        let store = task.task.store_mut();
+        store.stage_raw(Table::Run, b"run-a", Some(b"{}".to_vec()));
+        store.stage_raw(Table::Run, b"run-b", Some(b"{}".to_vec()));
+        task.seal(NOW).unwrap();
+
+        // A deletion beside a write: the tombstone first, the write ends the batch.
+        let store = task.task.store_mut();
+        store.stage_raw(Table::Run, b"run-b", None);
+        store.stage_raw(Table::Run, b"run-a", Some(b"{\"x\":1}".to_vec()));
+        let rows = changelog(&task.seal(NOW).unwrap().records);
+        assert_eq!(
+            rows,
+            vec![
+                (Table::Run.key(b"run-b"), false, false),
+                (Table::Run.key(b"run-a"), true, true),
+            ]
+        );
+        // Deletions only: a row of the batch's own ends it.
+        task.task.store_mut().stage_raw(Table::Run, b"run-a", None);
+        let rows = changelog(&task.seal(NOW + 1).unwrap().records);
+        assert_eq!(
+            rows,
+            vec![
+                (Table::Run.key(b"run-a"), false, false),
+                (Table::Meta.key(META_BATCH_END), true, true),
+            ]
         );
     }
 

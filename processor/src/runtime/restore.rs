@@ -606,12 +606,14 @@ impl Claim {
                     visit(offset, epoch, None)?;
                     continue;
                 }
-                let payload = message
-                    .payload()
-                    .ok_or_else(|| corrupt("no value".to_owned()))?;
-                let record: ChangelogRecord = codec
-                    .decode_as(payload)
-                    .map_err(|e| corrupt(e.to_string()))?;
+                let record = match message.payload() {
+                    Some(payload) => codec
+                        .decode_as::<ChangelogRecord>(payload)
+                        .map_err(|e| corrupt(e.to_string()))?,
+                    // A tombstone: the deletion of the store key the record key names.
+                    None => tombstone(partition, epoch, message.key())
+                        .ok_or_else(|| corrupt("a tombstone without a store key".to_owned()))?,
+                };
                 // Rows written before the end header existed: a batch's last row carries the
                 // input offsets (when the partition had consumed any).
                 let ends_batch = batch_end || !record.input_offsets.is_empty();
@@ -624,6 +626,21 @@ impl Claim {
             .map_err(|source| Error::Kafka { partition, source })?;
         result
     }
+}
+
+/// The deletion a changelog tombstone stands for: its record key is the full store key
+/// (table prefix, then the table's key), its owner epoch in the identity headers.
+fn tombstone(partition: i32, owner_epoch: i64, key: Option<&[u8]>) -> Option<ChangelogRecord> {
+    let key = key?;
+    Some(ChangelogRecord {
+        partition,
+        owner_epoch,
+        table: partition::changelog_table(key)?,
+        key: key[1..].to_vec(),
+        value: None,
+        input_offsets: Vec::new(),
+        written_at: 0,
+    })
 }
 
 /// A changelog row as read, with whether it is the last of its batch.

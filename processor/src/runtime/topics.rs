@@ -129,7 +129,15 @@ impl Names {
         let mut specs = vec![
             input(self.proposals()),
             input(self.approvals()),
-            input(self.outcomes()),
+            TopicSpec {
+                name: self.outcomes(),
+                // The connectors' evidence, and what a worker that lost its disk learns its
+                // started attempts from: kept explicitly, not at the broker's default (7 days).
+                configs: vec![
+                    ("message.timestamp.type", "LogAppendTime"),
+                    ("retention.ms", OUTCOMES_RETENTION_MS),
+                ],
+            },
             input(self.control()),
             plain(self.decisions()),
             TopicSpec {
@@ -282,6 +290,11 @@ pub async fn create(config: &Config, specs: &[TopicSpec], timeout: Duration) -> 
     Ok(report)
 }
 
+/// The outcomes' `retention.ms`: 30 days, beyond the reference tools' retention (7 days) and
+/// as long as the default closed-intent retention (`processor.closed_intent_retention_ms`).
+/// `airlock topics create` warns about tools that keep their intents longer.
+pub const OUTCOMES_RETENTION_MS: &str = "2592000000";
+
 /// The changelog's `min.compaction.lag.ms`: one hour, six times the longest sweep interval.
 pub const CHANGELOG_MIN_COMPACTION_LAG_MS: &str = "3600000";
 
@@ -309,7 +322,7 @@ mod tests {
                 "airlock.dispatch.ledger",
             ]
         );
-        for input in ["proposals", "approvals", "outcomes", "control"] {
+        for input in ["proposals", "approvals", "control"] {
             let spec = specs.iter().find(|s| s.name.ends_with(input));
             assert_eq!(
                 spec.map(|s| s.configs.clone()),
@@ -317,6 +330,14 @@ mod tests {
                 "{input}"
             );
         }
+        let outcomes = specs.iter().find(|s| s.name.ends_with("outcomes"));
+        assert_eq!(
+            outcomes.map(|s| s.configs.clone()),
+            Some(vec![
+                ("message.timestamp.type", "LogAppendTime"),
+                ("retention.ms", "2592000000")
+            ])
+        );
         let changelog = specs.iter().find(|s| s.name.ends_with("changelog"));
         assert_eq!(
             changelog.map(|s| s.configs.clone()),

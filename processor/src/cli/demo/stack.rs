@@ -53,7 +53,14 @@ pub struct Stack {
     /// sign their outcomes with it and the processor takes the connector's outcomes only
     /// signed with it.
     worker_keys: Option<(PathBuf, PathBuf)>,
+    /// The approver's signing key and the policy entities that register it (a copy of the
+    /// configured entities in the work directory): the demo's approvals are signed as a real
+    /// approver's are, and the processor takes none unsigned from that approver.
+    approver: Option<(capability::SigningKey, PathBuf)>,
 }
+
+/// The approver of the demo's approval scenario, whose key the demo registers.
+pub const APPROVER: &str = "alice";
 
 impl Stack {
     pub fn new(
@@ -80,7 +87,36 @@ impl Stack {
             ledger: None,
             processor: None,
             worker_keys: None,
+            approver: None,
         }
+    }
+
+    /// [`APPROVER`]'s signing key, registered (made on first use) in the demo's copy of the
+    /// policy entities as their `verifying_keys`.
+    pub fn approver_key(&mut self) -> anyhow::Result<capability::SigningKey> {
+        Ok(self.approver()?.0)
+    }
+
+    fn approver(&mut self) -> anyhow::Result<(capability::SigningKey, PathBuf)> {
+        if let Some(approver) = &self.approver {
+            return Ok(approver.clone());
+        }
+        let key = capability::generate()?;
+        let configured = &self.config.tools.entities;
+        let text = std::fs::read_to_string(configured)
+            .with_context(|| format!("reading the policy entities {}", configured.display()))?;
+        let mut entities: Vec<serde_json::Value> = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the policy entities {}", configured.display()))?;
+        let approver = entities
+            .iter_mut()
+            .find(|e| e["uid"]["id"] == APPROVER)
+            .with_context(|| format!("{APPROVER} is not in {}", configured.display()))?;
+        approver["attrs"][crate::core::policy::VERIFYING_KEYS_ATTR] =
+            serde_json::json!([hex::encode(key.verifying_key().to_bytes())]);
+        let file = self.work.join("entities.json");
+        std::fs::write(&file, serde_json::to_string_pretty(&entities)?)
+            .with_context(|| format!("writing {}", file.display()))?;
+        Ok(self.approver.insert((key, file)).clone())
     }
 
     /// The workers' key pair (see `worker_keys`), made on first use.
@@ -95,6 +131,7 @@ impl Stack {
     /// `airlock run` with the demo's configuration and a state directory of its own.
     pub fn start_processor(&mut self) -> anyhow::Result<&Proc> {
         let (_, verifying) = self.worker_keys()?;
+        let (_, entities) = self.approver()?;
         let mut command = Command::new(&self.bins.airlock);
         command.arg("run");
         if let Some(file) = &self.config_file {
@@ -103,6 +140,7 @@ impl Stack {
         command
             .env("AIRLOCK_STATE_DIR", self.work.join("processor-state"))
             .env("AIRLOCK_LOG", &self.log_level)
+            .env("AIRLOCK_ENTITIES", entities)
             .env(
                 "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
                 format!("{}={}", self.connector, verifying.display()),

@@ -166,9 +166,33 @@ impl Watch {
         self.send(&self.names.proposals(), &p.operation_key, &payload)
     }
 
-    pub fn approve(&self, a: &Approval) -> anyhow::Result<()> {
+    /// Publishes approval `a`, signed by its approver with `key`.
+    pub fn approve(&self, a: &Approval, key: &crate::capability::SigningKey) -> anyhow::Result<()> {
         let payload = self.codec.encode_single_object(a)?;
-        self.send(&self.names.approvals(), &a.operation_key, &payload)
+        let signature = crate::capability::sign_person(
+            key,
+            crate::capability::PersonAct::Approval,
+            &a.approver_id,
+            &payload,
+        );
+        let topic = self.names.approvals();
+        self.producer
+            .send(
+                BaseRecord::<str, [u8]>::to(&topic)
+                    .key(&a.operation_key)
+                    .payload(&payload)
+                    .headers(rdkafka::message::OwnedHeaders::new().insert(
+                        rdkafka::message::Header {
+                            key: header::CAPABILITY,
+                            value: Some(&signature),
+                        },
+                    )),
+            )
+            .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+        self.producer
+            .flush(Duration::from_secs(10))
+            .with_context(|| format!("producing to {topic} (is the broker up?)"))?;
+        Ok(())
     }
 
     /// Produces raw bytes (a record that is not Avro at all) and waits for the broker's ack.

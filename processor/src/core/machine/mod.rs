@@ -53,6 +53,11 @@ pub struct Config {
     pub max_arguments_bytes: usize,
     /// Upper bound on identifiers (operation key, proposal id, run id, ...).
     pub max_identifier_bytes: usize,
+    /// How long a closed-intent marker outlives its record's retention: after the tool's
+    /// `retention_ms` a terminal intent keeps only what binds its key (and a commit's
+    /// receipt), so that an agent retrying blindly weeks later is still answered DUPLICATE
+    /// instead of running the effect again. 0 deletes at retention, as before markers existed.
+    pub closed_intent_retention_ms: u64,
 }
 
 impl Default for Config {
@@ -65,6 +70,7 @@ impl Default for Config {
             max_evidence_bytes: 4_096,
             max_arguments_bytes: 1 << 20,
             max_identifier_bytes: 512,
+            closed_intent_retention_ms: 30 * 24 * 3_600_000,
         }
     }
 }
@@ -87,6 +93,10 @@ pub struct Core {
     /// connector listed here only when its signature verifies (see `crate::capability`).
     worker_keys:
         std::sync::Arc<std::collections::BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>>,
+    /// Whether an approval or control of a person without verifying keys in the policy
+    /// entities is refused (`capability.require_person_signatures`); a person with keys must
+    /// sign either way. Checked by the shell, like the worker keys.
+    person_signatures_required: bool,
 }
 
 /// A reply owed to whoever sent an input: verdict, reason, human-readable detail.
@@ -129,6 +139,24 @@ impl Core {
             capability_key: None,
             receipt_key: None,
             worker_keys: Default::default(),
+            person_signatures_required: false,
+        }
+    }
+
+    /// This core refusing approvals and controls of people without registered keys.
+    pub fn with_person_signatures_required(mut self, required: bool) -> Self {
+        self.person_signatures_required = required;
+        self
+    }
+
+    /// The keys `person`'s approvals and controls must verify under: `Some` (possibly empty,
+    /// which nothing verifies under) when they must be signed, `None` when they are taken
+    /// unsigned (no keys registered, and signatures not required of everyone).
+    pub fn person_keys(&self, person: &str) -> Option<&[ed25519_dalek::VerifyingKey]> {
+        match self.policy.person_keys(person) {
+            Some(keys) => Some(keys),
+            None if self.person_signatures_required => Some(&[]),
+            None => None,
         }
     }
 

@@ -168,6 +168,20 @@ impl Core {
                     None,
                 );
             }
+            if rec.closed_until.is_some() && !matches!(rec.state, State::Committed { .. }) {
+                // A closed-intent marker: the arguments are gone, so nothing can be attempted
+                // again under this key, and its state still answers.
+                return refuse_bound(
+                    Verdict::Rejected,
+                    Reason::IntentClosed,
+                    format!(
+                        "the intent is closed ({}) and its details were purged after retention; \
+                         a new intent needs a new key",
+                        rec.effect_state().as_str()
+                    ),
+                    None,
+                );
+            }
             match &rec.state {
                 State::Committed { receipt, .. } => {
                     return refuse_bound(
@@ -525,6 +539,7 @@ impl Core {
                 applied_controls: Vec::new(),
                 earlier_requesters: Vec::new(),
                 retention_ms: a.tool.retention_ms,
+                closed_until: None,
                 // Replaced below; a record is never written in this placeholder state.
                 state: State::Expired { at: now },
                 updated_at: now,

@@ -55,14 +55,27 @@ impl Core {
                 let mut writes = Vec::new();
                 let (journal_kind, reply) = match kind {
                     TimerKind::Purge => {
-                        let event = self.event(JournalKind::RecordPurged, step, Some(&rec));
-                        return step.journal(
-                            event,
-                            vec![Write::Effect {
-                                key: key.clone(),
-                                record: None,
-                            }],
-                        );
+                        let retention = self.config.closed_intent_retention_ms;
+                        if rec.closed_until.is_some() || retention == 0 {
+                            let event = self.event(JournalKind::RecordPurged, step, Some(&rec));
+                            return step.journal(
+                                event,
+                                vec![Write::Effect {
+                                    key: key.clone(),
+                                    record: None,
+                                }],
+                            );
+                        }
+                        // Retention passed: the bulk goes, a closed-intent marker stays.
+                        let until = now.saturating_add_unsigned(retention);
+                        rec.close(until);
+                        rec.updated_at = now;
+                        let mut event = self.event(JournalKind::RecordPurged, step, Some(&rec));
+                        event.evidence = Some(format!(
+                            "retention passed: arguments, approvals and evidence purged; the key \
+                             stays bound to this intent until {until}"
+                        ));
+                        return step.journal(event, vec![effect_write(rec)]);
                     }
                     TimerKind::ApprovalExpiry => {
                         let reason = if rec.deadline_at <= now {

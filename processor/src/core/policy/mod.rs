@@ -39,7 +39,7 @@
 //! that would otherwise be allowed, the request is denied as invalid,
 //! because the erroring policy might have been a forbid.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -61,6 +61,9 @@ use context::Reads;
 pub const PRINCIPAL_TYPE: &str = "Airlock::Principal";
 /// Entity type of tools.
 pub const TOOL_TYPE: &str = "Airlock::Tool";
+/// Attribute of a principal entity: the hex Ed25519 verifying keys its approvals and operator
+/// controls must be signed with (`airlock keygen` prints one), a set of strings.
+pub const VERIFYING_KEYS_ATTR: &str = "verifying_keys";
 /// Entity type of actions.
 pub const ACTION_TYPE: &str = "Airlock::Action";
 /// Action id for proposing a call.
@@ -288,6 +291,9 @@ pub struct Policy {
     /// Policies whose action scope admits `settle`, and `cancel`, indexed per tool.
     settle_index: ToolIndex,
     cancel_index: ToolIndex,
+    /// Per principal id, the verifying keys of [`VERIFYING_KEYS_ATTR`] (principals without
+    /// any are absent).
+    person_keys: BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>,
     bundle_hash: String,
 }
 
@@ -334,6 +340,17 @@ impl Policy {
     /// decision.
     pub fn bundle_hash(&self) -> &str {
         &self.bundle_hash
+    }
+
+    /// The verifying keys registered for principal `id` ([`VERIFYING_KEYS_ATTR`]), if any: its
+    /// approvals and operator controls count only signed by one of them.
+    pub fn person_keys(&self, id: &str) -> Option<&[ed25519_dalek::VerifyingKey]> {
+        self.person_keys.get(id).map(Vec::as_slice)
+    }
+
+    /// How many principals have verifying keys registered.
+    pub fn people_with_keys(&self) -> usize {
+        self.person_keys.len()
     }
 
     /// Ids of the policies evaluated when an agent invokes `tool`, sorted.
@@ -626,6 +643,10 @@ impl Policy {
                 origin: entities_origin.to_owned(),
                 message,
             })?;
+        let person_keys = person_keys(entities_json).map_err(|message| Error::Entities {
+            origin: entities_origin.to_owned(),
+            message,
+        })?;
 
         Ok(Policy {
             invoke_index,
@@ -641,9 +662,52 @@ impl Policy {
             approve,
             settle,
             cancel,
+            person_keys,
             bundle_hash: bundle_digest(canonical_policies, canonical_entities),
         })
     }
+}
+
+/// The verifying keys each principal entity lists in [`VERIFYING_KEYS_ATTR`], by principal id.
+fn person_keys(
+    entities_json: &str,
+) -> std::result::Result<BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>, String> {
+    let value: Value = serde_json::from_str(entities_json).map_err(|e| e.to_string())?;
+    let items = match value {
+        Value::Array(items) => items,
+        other => vec![other],
+    };
+    let mut out = BTreeMap::new();
+    for entity in &items {
+        // Cedar takes a uid as `{"type", "id"}` or as `{"__entity": {"type", "id"}}`.
+        let uid = entity.get("uid").map(|u| u.get("__entity").unwrap_or(u));
+        let field = |name: &str| uid.and_then(|u| u.get(name)).and_then(Value::as_str);
+        let (Some(PRINCIPAL_TYPE), Some(id)) = (field("type"), field("id")) else {
+            continue;
+        };
+        let Some(keys) = entity.get("attrs").and_then(|a| a.get(VERIFYING_KEYS_ATTR)) else {
+            continue;
+        };
+        let bad = |why: &str| format!("principal {id:?}: {VERIFYING_KEYS_ATTR} {why}");
+        let keys = keys
+            .as_array()
+            .ok_or_else(|| bad("must be a set of hex strings"))?
+            .iter()
+            .map(|k| {
+                let text = k.as_str().ok_or_else(|| bad("must hold strings"))?;
+                let bytes: [u8; 32] = hex::decode(text)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| bad(&format!("holds {text:?}, not 64 hex digits")))?;
+                ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+                    .map_err(|e| bad(&format!("holds {text:?}, not an Ed25519 key: {e}")))
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        if !keys.is_empty() {
+            out.insert(id.to_owned(), keys);
+        }
+    }
+    Ok(out)
 }
 
 /// Every entity of an entities file (a JSON array) as canonical JSON, sorted.

@@ -7,6 +7,7 @@ use airlock_schemas::{ApprovalVerdict, EffectState, Reason, Verdict};
 
 use super::Ctx;
 use crate::cli::demo::report::Report;
+use crate::cli::demo::stack::APPROVER;
 use crate::sample;
 
 pub fn approvals(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
@@ -17,6 +18,7 @@ pub fn approvals(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
     let denied = cx.refund("approval", "denied", 600_000);
     r.expect(&denied.operation_key, 0, 0, None);
 
+    let key = cx.stack.approver_key()?;
     for (p, verdict) in [
         (&approved, ApprovalVerdict::Approve),
         (&rejected, ApprovalVerdict::Reject),
@@ -31,16 +33,17 @@ pub fn approvals(cx: &mut Ctx<'_>, r: &mut Report) -> anyhow::Result<()> {
             continue;
         }
         let hash = pending.arguments_hash.clone().unwrap_or_default();
-        let approval = sample::approval(p, &hash, "alice", verdict, cx.now);
-        let what = format!("alice: {}", verdict.as_str());
+        let approval = sample::approval(p, &hash, APPROVER, verdict, cx.now);
+        let what = format!("{APPROVER}: {}", verdict.as_str());
         cx.say(&format!(
-            "finance approver alice answers {} for {} (bound to arguments {})",
+            "finance approver {APPROVER} answers {} for {} (bound to arguments {}, signed with \
+             {APPROVER}'s key)",
             verdict.as_str(),
             p.operation_key,
             &hash[..hash.len().min(12)]
         ))?;
         cx.watch.name_input(&approval.approval_id, &what);
-        cx.watch.approve(&approval)?;
+        cx.watch.approve(&approval, &key)?;
         let answer = cx.reply(&approval.approval_id, "the approval's answer")?;
         let want = match verdict {
             ApprovalVerdict::Approve => Reason::ApprovalRecorded,
