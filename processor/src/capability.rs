@@ -33,7 +33,7 @@
 use std::path::{Path, PathBuf};
 
 use airlock_schemas::{DispatchCommand, ReconcileCommand};
-use ed25519_dalek::{Signature, Signer as _, Verifier as _};
+use ed25519_dalek::{Signature, Signer as _};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 
 use crate::core::canonical;
@@ -371,7 +371,11 @@ fn signed_by_any(
             capability.len()
         ))
     })?;
-    if !keys.iter().any(|k| k.verify(message, &signature).is_ok()) {
+    // Strict: no malleable signatures, no small-order keys.
+    if !keys
+        .iter()
+        .any(|k| k.verify_strict(message, &signature).is_ok())
+    {
         return Err(Refused::Forged(format!(
             "not signed by {} over these fields",
             if keys.len() == 1 {

@@ -1060,6 +1060,18 @@ fn control_refusals() -> Vec<Decision> {
         );
         assert_eq!(w.record("refund:held"), pending, "{operator} changed it");
     }
+    // A control read more than an hour after it was issued (a captured copy replayed) is
+    // refused, whoever signed it.
+    let mut stale = sample::control("c-stale", ControlKind::Cancel, Some("refund:held"), w.now);
+    stale.operator_id = "operator-olga".to_owned();
+    stale.issued_at = w.now - HOUR_MS - 1;
+    let e = w.feed(Input::Control(stale));
+    assert_verdict(&e, Verdict::Rejected, Reason::DeadlineExpired);
+    assert_eq!(
+        w.record("refund:held"),
+        pending,
+        "a stale control changed it"
+    );
     let e = w.control("c-olga", ControlKind::Cancel, Some("refund:held"));
     assert_eq!(
         (e.decisions[0].verdict, e.decisions[0].reason),

@@ -10,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 
 use airlock_schemas::{EffectState, JournalEvent, JournalKind, Verdict};
 
+use crate::core::record::Write;
+
 /// Which rule an event broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -186,7 +188,9 @@ impl Invariants {
             facts.state = Some(state);
             facts.committed |= state == EffectState::Committed;
         }
-        if e.kind == JournalKind::RecordPurged {
+        // A purge that deletes the record forgets the key; one that closes it (retention
+        // passed, a closed-intent marker stays) keeps its facts: the marker still answers.
+        if e.kind == JournalKind::RecordPurged && deletes_effect(e, key) {
             self.keys.remove(key);
         }
         breaches
@@ -196,6 +200,18 @@ impl Invariants {
     pub fn intended(&self, key: &str, epoch: i64) -> bool {
         self.intents.contains(&(key.to_owned(), epoch))
     }
+}
+
+/// Whether `e` deletes the effect record of `key` (a write of it without a record).
+fn deletes_effect(e: &JournalEvent, key: &str) -> bool {
+    e.record_json
+        .as_deref()
+        .and_then(|json| serde_json::from_str::<Vec<Write>>(json).ok())
+        .is_some_and(|writes| {
+            writes
+                .iter()
+                .any(|w| matches!(w, Write::Effect { key: k, record: None } if k == key))
+        })
 }
 
 /// Verdicts that refuse a proposal: nothing may be dispatched for it.
@@ -219,7 +235,7 @@ mod tests {
 
     use super::*;
     use crate::audit::replay::tests::event;
-    use crate::core::{self, Input};
+    use crate::core::{self, Input, StateView};
     use crate::sample;
 
     #[test]
@@ -247,6 +263,69 @@ mod tests {
         let breaches: Vec<Breach> = journal.iter().flat_map(|e| inv.observe(e)).collect();
         assert_eq!(breaches, Vec::new());
         assert!(inv.intended(&p.operation_key, 1));
+    }
+
+    /// Closing a record at retention keeps the key's facts (the marker still answers for the
+    /// intent); deleting it forgets them.
+    #[test]
+    fn a_closed_key_keeps_its_facts_until_it_is_deleted() {
+        let core = Arc::new(sample::reference_core(core::Config::default()).unwrap());
+        let mut task = sample::memory_task(core).unwrap();
+        let now = 1_790_000_000_000;
+        let p = sample::refund("refund:old", 100, now);
+        let mut journal = task
+            .handle(&Input::Proposal(p.clone()), now)
+            .unwrap()
+            .journal;
+        let o = sample::outcome(&p.operation_key, 1, OutcomeKind::Committed, "ledger eff_1");
+        journal.extend(task.handle(&Input::Outcome(o), now).unwrap().journal);
+        let purge = |task: &mut crate::task::Task<crate::store::MemoryStore>| {
+            let (due_at, _) = task
+                .store()
+                .effect("refund:old")
+                .unwrap()
+                .unwrap()
+                .next_timer()
+                .unwrap();
+            let timer = core::TimerFired {
+                due_at,
+                target: core::TimerTarget::Effect("refund:old".to_owned()),
+            };
+            task.handle(&Input::Timer(timer), due_at).unwrap().journal
+        };
+        journal.extend(purge(&mut task));
+        assert!(
+            task.store().effect("refund:old").unwrap().is_some(),
+            "closed, not deleted"
+        );
+        let mut inv = Invariants::default();
+        let breaches: Vec<Breach> = journal.iter().flat_map(|e| inv.observe(e)).collect();
+        assert_eq!(breaches, Vec::new());
+        let second = event(
+            90,
+            JournalKind::Settled,
+            "refund:old",
+            1,
+            Some(EffectState::Committed),
+        );
+        let rules: Vec<Rule> = inv.observe(&second).into_iter().map(|b| b.rule).collect();
+        assert_eq!(
+            rules,
+            [Rule::SecondCommit],
+            "the closed key's commit is remembered"
+        );
+
+        let deleted = purge(&mut task);
+        assert!(task.store().effect("refund:old").unwrap().is_none());
+        let mut inv = Invariants::default();
+        for e in journal.iter().chain(&deleted) {
+            inv.observe(e);
+        }
+        assert!(
+            inv.observe(&second)
+                .iter()
+                .all(|b| b.rule != Rule::SecondCommit)
+        );
     }
 
     #[test]

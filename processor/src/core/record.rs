@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the record shapes and of the reducer that applies journal deltas. Bump it when a
 /// record gains or loses a field; replays refuse journals written by a newer reducer.
-pub const REDUCER_VERSION: i32 = 1;
+/// 2: `EffectRecord.closed_until` (closed-intent markers).
+pub const REDUCER_VERSION: i32 = 2;
 
 /// Everything Airlock knows about one business intent (one operation key).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,9 +226,11 @@ impl EffectRecord {
     }
 
     /// Turns a terminal record whose retention has passed into a closed-intent marker kept
-    /// until `until`: it keeps what binds the key (tool, version, tenant, arguments hash),
-    /// the state, the epoch and a commit's receipt, and drops the rest (canonical arguments up
-    /// to the tool's size limit, approvals, controls, evidence). A blind retry of the key is
+    /// until `until`: it keeps what binds the key (tool, version, tenant, arguments hash), the
+    /// state, the epoch, a commit's receipt and the small identifiers (principal, run,
+    /// proposal, idempotency key, who denied or cancelled), and drops the bulk: the canonical
+    /// arguments (up to the tool's size limit), the approvals and controls counted, the
+    /// evidence. A blind retry of the key is
     /// still answered as the intent's (DUPLICATE with the receipt, or closed), never decided
     /// afresh as a new intent at epoch 1.
     pub fn close(&mut self, until: i64) {

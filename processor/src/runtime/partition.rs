@@ -838,7 +838,9 @@ impl PartitionTask {
             // too, and the next acknowledgement's range check covers them from the cursor.
             if let Some(next) = self.changelog_next.take() {
                 log::info!(
-                    "partition {partition}: the broker took {} changelog records without saying                      where (a request resent after a lost response); the next claim reads the                      changelog from offset {next}",
+                    "partition {partition}: the broker took {} changelog records without saying \
+                     where (a request resent after a lost response); the next claim reads the \
+                     changelog from offset {next}",
                     span.unplaced
                 );
             }

@@ -764,10 +764,29 @@ fn apply(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use airlock_schemas::StateTable;
 
     use super::*;
+
+    /// A tombstone's record key is the full store key; keys that never go to the changelog
+    /// (timers, the outbox, store-local meta rows) or no key at all are not a deletion.
+    #[test]
+    fn a_tombstone_deletes_the_store_key_its_record_key_names() {
+        let deletion = tombstone(3, 7, Some(&Table::Effect.key(b"refund:1"))).unwrap();
+        assert_eq!(
+            (deletion.partition, deletion.owner_epoch, deletion.table),
+            (3, 7, StateTable::Effect)
+        );
+        assert_eq!(deletion.key, b"refund:1");
+        assert_eq!(deletion.value, None);
+        assert!(deletion.input_offsets.is_empty());
+        assert!(tombstone(3, 7, Some(&Table::Outbox.key(b"1"))).is_none());
+        assert!(tombstone(3, 7, Some(&Table::Meta.key(META_CHANGELOG_NEXT))).is_none());
+        assert!(tombstone(3, 7, Some(&[])).is_none());
+        assert!(tombstone(3, 7, None).is_none());
+    }
 
     fn row(n: u8, ends_batch: bool) -> Row {
         Row {

@@ -15,6 +15,22 @@ impl Core {
             c.evidence.as_deref().unwrap_or(""),
             self.config.max_evidence_bytes,
         );
+        // A control counts only fresh: a copy replayed long after it was issued (onto the
+        // next intent of a key whose closed-intent marker is gone, which starts at epoch 1
+        // again) is refused, whoever signed it.
+        if now.saturating_sub(c.issued_at) > self.config.max_control_age_ms as i64 {
+            return self.control_refused(
+                c,
+                None,
+                Reason::DeadlineExpired,
+                format!(
+                    "the control was issued at {}, more than {} ms before it was read (now \
+                     {now}); issue it again",
+                    c.issued_at, self.config.max_control_age_ms
+                ),
+                step,
+            );
+        }
         if c.kind == ControlKind::LeaseFence {
             let (Some(run_id), Some(fence)) = (&c.run_id, c.lease_fence) else {
                 return self.control_refused(

@@ -58,6 +58,9 @@ pub struct Config {
     /// receipt), so that an agent retrying blindly weeks later is still answered DUPLICATE
     /// instead of running the effect again. 0 deletes at retention, as before markers existed.
     pub closed_intent_retention_ms: u64,
+    /// A control (settle, cancel, lease fence) read more than this long after its
+    /// `issued_at` is refused DEADLINE_EXPIRED: a signed control cannot be replayed later.
+    pub max_control_age_ms: u64,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             max_arguments_bytes: 1 << 20,
             max_identifier_bytes: 512,
             closed_intent_retention_ms: 30 * 24 * 3_600_000,
+            max_control_age_ms: 3_600_000,
         }
     }
 }

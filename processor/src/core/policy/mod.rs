@@ -51,8 +51,6 @@ use cedar_policy::{
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::core::canonical;
-
 mod context;
 
 use context::Reads;
@@ -554,12 +552,8 @@ impl Policy {
             let name = id.to_string();
             let json = policy
                 .to_json()
+                .map(|v| sorted_json(&v))
                 .map_err(|e| e.to_string())
-                .and_then(|v| {
-                    canonical::canonicalize(&v.to_string())
-                        .map(|c| c.json)
-                        .map_err(|e| e.to_string())
-                })
                 .map_err(|message| Error::Parse {
                     origin: policies_origin.to_owned(),
                     message: format!("policy {name} has no JSON form: {message}"),
@@ -699,8 +693,13 @@ fn person_keys(
                     .ok()
                     .and_then(|b| b.try_into().ok())
                     .ok_or_else(|| bad(&format!("holds {text:?}, not 64 hex digits")))?;
-                ed25519_dalek::VerifyingKey::from_bytes(&bytes)
-                    .map_err(|e| bad(&format!("holds {text:?}, not an Ed25519 key: {e}")))
+                let key = ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+                    .map_err(|e| bad(&format!("holds {text:?}, not an Ed25519 key: {e}")))?;
+                // A small-order key verifies signatures anyone can make.
+                if key.is_weak() {
+                    return Err(bad(&format!("holds {text:?}, a weak (small-order) key")));
+                }
+                Ok(key)
             })
             .collect::<std::result::Result<Vec<_>, String>>()?;
         if !keys.is_empty() {
@@ -717,13 +716,49 @@ fn canonical_entities(entities_json: &str) -> std::result::Result<Vec<String>, S
         Value::Array(items) => items,
         other => vec![other],
     };
-    let mut out = items
-        .iter()
-        .map(|e| Ok(canonical::canonicalize(&e.to_string())?.json))
-        .collect::<std::result::Result<Vec<_>, canonical::Error>>()
-        .map_err(|e| e.to_string())?;
+    let mut out: Vec<String> = items.iter().map(sorted_json).collect();
     out.sort_unstable();
     Ok(out)
+}
+
+/// `value` as JSON text with every object's keys sorted (by their UTF-8 bytes), no
+/// whitespace, strings escaped and numbers written as serde_json writes them: one text per
+/// value, whatever order or layout it was written in. Unlike the canonical form of tool
+/// arguments (`core::canonical`), it has no depth or integer-range limits, which a valid Cedar
+/// policy (a long `||` chain, a 64-bit literal) may exceed.
+fn sorted_json(value: &Value) -> String {
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.push('{');
+                for (i, (key, item)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(key.clone()).to_string());
+                    out.push(':');
+                    write(item, out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
 }
 
 /// See [`Policy::bundle_hash`].
@@ -1642,6 +1677,70 @@ mod tests {
             &arguments,
         );
         assert_eq!(compared, 3 * 3 * 2 * 4 * 4);
+    }
+
+    /// A principal's `verifying_keys` are parsed at load; anything that is not a usable Ed25519
+    /// key (not hex, not 32 bytes, a small-order point anyone can sign for) fails the load.
+    #[test]
+    fn person_keys_are_registered_valid_or_refused_at_load() {
+        let (policies, _) = sources();
+        let with_keys = |keys: Value| {
+            json!([{"uid": {"type": PRINCIPAL_TYPE, "id": "alice"},
+                    "attrs": {"tenant": "t1", VERIFYING_KEYS_ATTR: keys}, "parents": []},
+                   {"uid": {"type": PRINCIPAL_TYPE, "id": "bob"}, "attrs": {}, "parents": []}])
+            .to_string()
+        };
+        let good = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        let policy =
+            Policy::from_sources(&policies, &with_keys(json!([hex::encode(good.to_bytes())])))
+                .unwrap();
+        assert_eq!(policy.person_keys("alice"), Some([good].as_slice()));
+        assert_eq!(policy.person_keys("bob"), None);
+        assert_eq!(policy.people_with_keys(), 1);
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        for bad in [
+            json!("not a set"),
+            json!(["zz"]),
+            json!([hex::encode([7u8; 31])]),
+            json!([hex::encode(identity)]),
+        ] {
+            let err = Policy::from_sources(&policies, &with_keys(bad.clone())).unwrap_err();
+            assert!(
+                err.to_string().contains(VERIFYING_KEYS_ATTR),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    /// The bundle hash has no limits of its own: a 64-bit literal and a long `||` chain (deep
+    /// in Cedar's JSON form), both valid Cedar, load.
+    #[test]
+    fn any_valid_bundle_has_a_hash() {
+        let (policies, entities) = sources();
+        // 34 terms nest about 80 deep in Cedar's JSON form (past the argument canonicalizer's
+        // 64). Cedar's own parser recurses deeper than a test thread's stack allows in a debug
+        // build, so this runs on a thread with a main thread's 8 MiB.
+        let chain: Vec<String> = (0..34)
+            .map(|i| format!("context.arguments.amount.minor_units == {i}"))
+            .collect();
+        let extra = format!(
+            "@id(\"huge\")\nforbid (principal, action, resource)\n\
+             when {{ context.arguments.amount.minor_units > 9223372036854775807 }};\n\
+             @id(\"chain\")\nforbid (principal, action, resource)\nwhen {{ {} }};\n",
+            chain.join(" || ")
+        );
+        let hash = std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(move || {
+                Policy::from_sources(&format!("{policies}\n{extra}"), &entities)
+                    .map(|p| p.bundle_hash().to_owned())
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        assert_ne!(hash, bundle().bundle_hash());
     }
 
     #[test]
