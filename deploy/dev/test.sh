@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing (idempotently), then rustfmt,
 # clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous intra-doc
-# links), the Python client's contract tests, and every test of the workspace (among them the
-# Python client, its MCP gateway and adapters against a live Airlock, tests/python_client.rs).
+# links), the Python and TypeScript clients' contract tests, and every test of the workspace
+# (among them the Python client, its MCP gateway and adapters, and the TypeScript client
+# against a live Airlock: tests/python_client.rs, tests/typescript_client.rs).
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
@@ -32,12 +33,16 @@ if [ "${AIRLOCK_TEST_BROKER:-kafka}" = "tansu" ]; then
   "$root/deploy/broker/tansu/install.sh" >/dev/null
 fi
 
-# The Python client's environment is prepared in the background while Rust builds (on a
-# fresh machine its downloads take a minute).
+# The Python client's environment and the TypeScript client's package are prepared in the
+# background while Rust builds (on a fresh machine their downloads take a minute).
 python_out="$(mktemp)"
 python_err="$(mktemp)"
 "$here/python.sh" >"$python_out" 2>"$python_err" &
 python_pid=$!
+typescript_out="$(mktemp)"
+typescript_err="$(mktemp)"
+"$here/typescript.sh" >"$typescript_out" 2>"$typescript_err" &
+typescript_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -59,6 +64,16 @@ export AIRLOCK_PYTHON
 rm -f "$python_out" "$python_err"
 "$AIRLOCK_PYTHON" -m pytest -q -p no:cacheprovider "$root/clients/python/tests" \
   --ignore="$root/clients/python/tests/integration" --ignore="$root/clients/python/tests/forged"
+
+step "the TypeScript client: its package, and its contract tests against the shared vectors"
+if ! wait "$typescript_pid"; then
+  cat "$typescript_err" >&2
+  echo "test.sh: preparing the TypeScript client failed (deploy/dev/typescript.sh)" >&2
+  exit 1
+fi
+typescript_pkg="$(cat "$typescript_out")"
+rm -f "$typescript_out" "$typescript_err"
+(cd "$typescript_pkg" && node --test dist/test/contract.test.js dist/test/readme.test.js)
 
 step "cargo test"
 # Every test binary runs even after a failure, so that one run reports every failure.

@@ -1,0 +1,43 @@
+/**
+ * Airlock's TypeScript client: publish tool proposals, wait for decisions and outcomes.
+ *
+ * See `README.md` beside this package for the contract it implements.
+ */
+
+export {
+  CanonicalError,
+  MAX_DEPTH,
+  MAX_SAFE_INTEGER,
+  argumentsHash,
+  canonicalJson,
+  canonicalize,
+  idempotencyKey,
+  toJsonText,
+  type Canonical,
+  type CanonicalErrorKind,
+} from "./canonical.js";
+export {
+  Client,
+  buildProposal,
+  type ClientOptions,
+  type KafkaOptions,
+  type ProposalCall,
+  type ProposeOptions,
+  type ToolProposal,
+  type WaitSettledOptions,
+} from "./client.js";
+export * as codec from "./codec.js";
+export { CodecError } from "./codec.js";
+export { FINAL, NOT_REFUSED, SETTLING, type Decision, type Settlement } from "./decision.js";
+export { AirlockError, BrokerUnavailable, Refused, TimedOut } from "./errors.js";
+export {
+  FenceFilter,
+  MarkerVerifier,
+  fenceMessage,
+  loadVerifyingKey,
+  type Admit,
+  type Header,
+  type Verify,
+} from "./fence.js";
+export { contentId, proposalFingerprint } from "./ids.js";
+export { murmur2, partitionFor } from "./partitioner.js";
