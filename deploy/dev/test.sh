@@ -22,6 +22,14 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 
 "$here/install-deps.sh"
+# Node.js is not installed here (Debian 12 ships 18): say so before building anything.
+if ! command -v npm >/dev/null 2>&1 \
+  || [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -lt 20 ]; then
+  echo "test.sh: the TypeScript client's tests need Node.js 20 or later with npm" \
+    "(found: $(node --version 2>/dev/null || echo none)); install it from nodejs.org or" \
+    "NodeSource" >&2
+  exit 1
+fi
 # shellcheck source=deploy/dev/env.sh
 source "$here/env.sh"
 

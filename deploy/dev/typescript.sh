@@ -20,6 +20,11 @@ cache="$AIRLOCK_CACHE/typescript"
 mkdir -p "$cache"
 command -v node >/dev/null || { echo "typescript.sh: node (20 or later) is not installed" >&2; exit 1; }
 command -v npm >/dev/null || { echo "typescript.sh: npm is not installed" >&2; exit 1; }
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$node_major" -lt 20 ]; then
+  echo "typescript.sh: node $(node --version) is too old; the client needs 20 or later" >&2
+  exit 1
+fi
 
 # One preparation at a time (parallel test runs share the cache and the clone's dist/).
 exec 9>"$cache/.lock"
@@ -36,14 +41,22 @@ if [ ! -d "$deps/node_modules" ]; then
   rm -rf "$deps"
   mv "$tmp" "$deps"
   trap - EXIT
-  # Older installs of other lock files are of no further use.
-  find "$cache" -maxdepth 1 -name 'deps-*' ! -name "deps-$lock_hash" -exec rm -rf {} + 2>/dev/null || true
+  # Installs of other lock files unused for two weeks go (another clone may still use a
+  # recent one: each links its own).
+  find "$cache" -maxdepth 1 -name 'deps-*' ! -name "deps-$lock_hash" -mtime +14 \
+    -exec rm -rf {} + 2>/dev/null || true
 fi
+touch "$deps"
 
-# The package's node_modules is the cached one (a real directory left by a manual
-# `npm install` is replaced: it may not match the lock file).
+# The package's node_modules is the cached one. A real directory (a manual `npm install`,
+# which may not match the lock file) is moved aside, never deleted.
 if [ "$(readlink "$pkg/node_modules" 2>/dev/null)" != "$deps/node_modules" ]; then
-  rm -rf "$pkg/node_modules"
+  if [ -d "$pkg/node_modules" ] && [ ! -L "$pkg/node_modules" ]; then
+    aside="$pkg/node_modules.moved-$(date +%s)"
+    mv "$pkg/node_modules" "$aside"
+    echo "typescript.sh: moved clients/typescript/node_modules aside to $aside" >&2
+  fi
+  rm -f "$pkg/node_modules"
   ln -s "$deps/node_modules" "$pkg/node_modules"
 fi
 

@@ -1,5 +1,7 @@
 //! Crashes under load: `airlock run` is killed with SIGKILL at random moments while proposals
-//! (30% duplicates, 5% changed arguments) flow, and restarted each time. Afterwards every
+//! (30% duplicates, 5% changed arguments) flow, and restarted each time; after some of the
+//! kills (at least two, chosen at random) its state directory is deleted too, so the restart
+//! restores every partition from a changelog the kill may have cut mid-batch. Afterwards every
 //! proposal has a decision, and after consumer-side dedup the verdicts and the dispatches are
 //! those of an uninterrupted run of the same input (the proposals as the broker ordered them,
 //! decided by the same core over an in-memory store). Then `airlock replay` rebuilds every
@@ -46,11 +48,27 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
     };
 
     let started = Instant::now();
+    let mut disks_lost = 0;
     for i in 0..kills {
         tokio::time::sleep(Duration::from_millis(700 + rng.below(1_500))).await;
         child.kill()?;
         child.wait()?;
-        eprintln!("kill {} at {:.1?}", i + 1, started.elapsed());
+        // The disk goes with the process after a random half of the kills, and after the last
+        // two if fewer were lost by then.
+        let lose_disk = rng.below(2) == 0 || kills - i <= 2 - disks_lost.min(2);
+        if lose_disk {
+            match std::fs::remove_dir_all(a.state_dir("p1")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+            disks_lost += 1;
+        }
+        eprintln!(
+            "kill {} at {:.1?}{}",
+            i + 1,
+            started.elapsed(),
+            if lose_disk { ", disk lost" } else { "" }
+        );
         // A group of its own: the replacement takes every partition at once instead of waiting
         // out the killed member's session timeout (kills come every 0.7-2.2 s).
         child = a.spawn_process("p1", &format!("group-{}", i + 1), &log)?;
@@ -82,7 +100,7 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
         .filter(|r| matches!(r.admit, Admit::Fenced { .. }))
         .count();
     eprintln!(
-        "{n} proposals ({} distinct), {} dispatches, {} raw dispatch records, {fenced} fenced, {kills} kills, {:.1?}",
+        "{n} proposals ({} distinct), {} dispatches, {} raw dispatch records, {fenced} fenced, {kills} kills ({disks_lost} with the disk), {:.1?}",
         distinct.len(),
         dispatches,
         raw.len(),
