@@ -26,6 +26,20 @@ fn package(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
+/// `node --test` in `package`, its summary in TAP on every Node version (Node 23 and later
+/// default to another format when not on a terminal), each test bounded, the whole run too.
+fn node_test(package: &Path) -> Command {
+    let mut command = Command::new("timeout");
+    command.current_dir(package).args([
+        "600",
+        "node",
+        "--test",
+        "--test-reporter=tap",
+        "--test-timeout=300000",
+    ]);
+    command
+}
+
 /// The counts node's test runner prints last (`# pass N`, `# fail N`, `# skipped N`).
 fn count(stdout: &str, what: &str) -> Option<u64> {
     stdout
@@ -83,10 +97,8 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
     let mut processor = a.spawn_process("p1", "group", &dir.path().join("run.log"))?;
 
     let report = dir.path().join("committed.txt");
-    let out = Command::new("node")
-        .current_dir(&package)
+    let out = node_test(&package)
         .args([
-            "--test",
             "dist/test/contract.test.js",
             "dist/test/readme.test.js",
             "dist/test/integration/live.test.js",
@@ -106,9 +118,8 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
     }
 
     // Last: a forged fence marker stays in the decisions topic for good.
-    let out = Command::new("node")
-        .current_dir(&package)
-        .args(["--test", "dist/test/forged/forged.test.js"])
+    let out = node_test(&package)
+        .arg("dist/test/forged/forged.test.js")
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_VERIFYING_KEY", &keys.verifying_file)

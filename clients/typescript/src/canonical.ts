@@ -549,20 +549,35 @@ export function canonicalize(text: string | Uint8Array): Canonical {
   return { json, hash: argumentsHash(json) };
 }
 
+/** What a value that has no JSON form is, for the error that refuses it. */
+function kindOf(v: unknown): string {
+  if (v === undefined) {
+    return "undefined";
+  }
+  if (typeof v === "function") {
+    return "a function";
+  }
+  if (typeof v === "symbol") {
+    return "a symbol";
+  }
+  const name = (v as { constructor?: { name?: unknown } }).constructor?.name;
+  return typeof name === "string" && name !== "" ? `a ${name}` : "an object that is not a plain one";
+}
+
 /**
- * A JSON text of a JavaScript value, as the arguments of a call are given: plain objects,
- * arrays, strings, booleans, null, numbers and bigints (objects with `toJSON` are replaced by
- * its result, and `undefined`, functions and symbols are left out of objects or written as
- * null in arrays, as `JSON.stringify` does). Numbers are written so that the canonical rules
- * see what was meant: `-0` stays `-0` and non-finite numbers are written as the non-JSON
+ * A JSON text of a JavaScript value, as the arguments of a call are given: plain objects
+ * (whose prototype is `Object.prototype` or null), arrays, strings, booleans, null, numbers
+ * and bigints. Anything else anywhere in it (`undefined`, a function, a symbol, a Map or Set,
+ * a Date, a Buffer or typed array, an instance of a class; `toJSON` is not called) is refused
+ * with a {@link CanonicalError} of kind `syntax` naming its place, as the Python client's
+ * `json.dumps` refuses what is not JSON. Numbers are written so that the canonical rules see
+ * what was meant: `-0` stays `-0` and non-finite numbers are written as the non-JSON
  * `NaN`/`Infinity`, both refused; a bigint is written in full.
  */
 export function toJsonText(value: unknown): string {
   const active = new Set<object>();
-  const out = (v: unknown, inArray: boolean): string | undefined => {
-    if (v !== null && typeof v === "object" && typeof (v as { toJSON?: unknown }).toJSON === "function") {
-      v = (v as { toJSON: () => unknown }).toJSON();
-    }
+  const path: Segment[] = [];
+  const out = (v: unknown): string => {
     switch (typeof v) {
       case "string":
         return JSON.stringify(v);
@@ -581,42 +596,52 @@ export function toJsonText(value: unknown): string {
           return v > 0 ? "Infinity" : "-Infinity";
         }
         return JSON.stringify(v);
-      case "undefined":
-      case "function":
-      case "symbol":
-        return inArray ? "null" : undefined;
       default:
         break;
     }
     if (v === null) {
       return "null";
     }
+    const plain =
+      typeof v === "object" &&
+      (Array.isArray(v) || Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null);
+    if (!plain) {
+      const at = pointer(path);
+      throw new CanonicalError(
+        "syntax",
+        at,
+        `invalid JSON: ${kindOf(v)} at ${at} is not JSON (only plain objects, arrays, strings, ` +
+          "numbers, bigints, booleans and null are)",
+      );
+    }
     const obj = v as object;
     if (active.has(obj)) {
-      throw new TypeError("arguments are a cyclic structure: not JSON");
+      throw new TypeError(`arguments are a cyclic structure at ${pointer(path)}: not JSON`);
     }
     active.add(obj);
     try {
       if (Array.isArray(obj)) {
-        return "[" + obj.map((item) => out(item, true)).join(",") + "]";
+        const items: string[] = [];
+        // By index: a hole of a sparse array is undefined, refused like any other.
+        for (let i = 0; i < obj.length; i++) {
+          path.push(i);
+          items.push(out(obj[i]));
+          path.pop();
+        }
+        return "[" + items.join(",") + "]";
       }
       const parts: string[] = [];
       for (const key of Object.keys(obj)) {
-        const text = out((obj as Record<string, unknown>)[key], false);
-        if (text !== undefined) {
-          parts.push(JSON.stringify(key) + ":" + text);
-        }
+        path.push(key);
+        parts.push(JSON.stringify(key) + ":" + out((obj as Record<string, unknown>)[key]));
+        path.pop();
       }
       return "{" + parts.join(",") + "}";
     } finally {
       active.delete(obj);
     }
   };
-  const text = out(value, false);
-  if (text === undefined) {
-    throw new TypeError(`a ${typeof value} is not JSON`);
-  }
-  return text;
+  return out(value);
 }
 
 /** The canonical text of a JavaScript value (see {@link toJsonText}). */

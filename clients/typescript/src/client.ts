@@ -33,7 +33,8 @@ import { AirlockError, BrokerUnavailable, Refused, TimedOut } from "./errors.js"
 import { MarkerVerifier } from "./fence.js";
 import { contentId, proposalFingerprint } from "./ids.js";
 import { partitionFor } from "./partitioner.js";
-import { evidenceKey, Reader, Waiter, within } from "./reader.js";
+import { evidenceKey, Reader, STOP_WAIT_MS, Waiter } from "./reader.js";
+import { pause, timer, within } from "./timers.js";
 import { utf8 } from "./utf8.js";
 
 /** The ToolProposal record (fields as in the Avro schema; timestamps in epoch ms). */
@@ -324,15 +325,21 @@ export class Client {
     return this.#partitions;
   }
 
-  /** Stops the reader (every wait still open fails with {@link BrokerUnavailable}) and closes
-   * the Kafka connections. */
+  /** Stops the reader (every wait still open fails with {@link BrokerUnavailable} at once)
+   * and closes the Kafka connections, waiting at most 10 seconds for them. */
   close(): Promise<void> {
     this.#closed ??= (async () => {
-      await this.#reader.stop();
-      await Promise.allSettled([
-        viaCallback<void>((cb) => this.#consumer.close(false, cb)),
+      const closed = Promise.allSettled([
+        this.#reader.stop(STOP_WAIT_MS),
         viaCallback<void>((cb) => this.#producer.close(false, cb)),
       ]);
+      await new Promise<void>((resolve) => {
+        const cancel = timer(STOP_WAIT_MS, resolve);
+        void closed.then(() => {
+          cancel();
+          resolve();
+        });
+      });
     })();
     return this.#closed;
   }
@@ -362,7 +369,7 @@ export class Client {
 
   /** {@link Client.propose} for a proposal record built already. */
   async send(proposal: ToolProposal, options: ProposeOptions = {}): Promise<Decision> {
-    const deadline = Date.now() + (options.timeoutMs ?? 60_000);
+    const deadline = deadlineAfter(options.timeoutMs ?? 60_000);
     const key = proposal.operation_key;
     const pid = proposal.proposal_id;
     const ours = `r/${pid}/${proposalFingerprint(proposal as unknown as Record<string, unknown>)}`;
@@ -432,7 +439,7 @@ export class Client {
    * is known already.
    */
   async waitSettled(operationKey: string, options: WaitSettledOptions = {}): Promise<Settlement> {
-    const deadline = Date.now() + (options.timeoutMs ?? 300_000);
+    const deadline = deadlineAfter(options.timeoutMs ?? 300_000);
     const epoch = options.epoch;
     const partition = this.partition(operationKey);
     this.#checkOpen();
@@ -470,7 +477,7 @@ export class Client {
         if (result !== null || Date.now() >= until) {
           break;
         }
-        await new Promise((resolve) => setTimeout(resolve, 50));
+        await pause(50);
       }
     }
     return Object.freeze({ decision, final: FINAL.includes(decision.verdict), result });
@@ -486,10 +493,19 @@ export class Client {
     try {
       return await within(answer, left(deadline), () => {
         const unreadable = this.#reader.unreadable.get(`${waiter.topic}\u0000${waiter.partition}`);
-        const hint = unreadable
-          ? `; decisions on ${waiter.topic} partition ${waiter.partition} this client cannot read ` +
-            `(a newer Airlock? upgrade the client): ${unreadable}`
-          : " (is `airlock run` up?)";
+        const problem = this.#reader.lastProblem;
+        let hint = "";
+        if (unreadable) {
+          hint +=
+            `; decisions on ${waiter.topic} partition ${waiter.partition} this client cannot read ` +
+            `(a newer Airlock? upgrade the client): ${unreadable}`;
+        }
+        if (problem !== null) {
+          hint += `; the answer reader's last error (is the broker up?): ${problem}`;
+        }
+        if (hint === "") {
+          hint = " (is `airlock run` up?)";
+        }
         return new TimedOut(`no answer for ${what} in time${hint}; sending the same proposal again is safe`);
       });
     } finally {
@@ -514,6 +530,12 @@ export class Client {
       throw new BrokerUnavailable(`producing to ${topic}: ${message(e)}`);
     }
   }
+}
+
+/** The deadline of a wait of `timeoutMs` from now: `Infinity` waits without limit; a negative
+ * timeout or NaN gives no time at all (as in the Python client). */
+function deadlineAfter(timeoutMs: number): number {
+  return Date.now() + (timeoutMs > 0 ? timeoutMs : 0);
 }
 
 function left(deadline: number): number {

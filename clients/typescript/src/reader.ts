@@ -23,6 +23,7 @@ import * as codec from "./codec.js";
 import { decisionOf, SETTLED_BY, type Decision } from "./decision.js";
 import { BrokerUnavailable, TimedOut } from "./errors.js";
 import { ACCEPT, FenceFilter, FORGED, isBarrier, type Header, type Verify } from "./fence.js";
+import { pause, timer, within } from "./timers.js";
 
 /** Per fetch request: how long the broker may hold it for data, and how much it returns. */
 const FETCH_WAIT_MS = 200;
@@ -30,6 +31,9 @@ const FETCH_MAX_BYTES = 16 << 20;
 const PARTITION_MAX_BYTES = 4 << 20;
 /** The pause after a failed round before the next. */
 const RETRY_PAUSE_MS = 500;
+/** How long {@link Reader.stop} waits for the loop and the consumer's close (as the Python
+ * client joins its reader thread). */
+export const STOP_WAIT_MS = 10_000;
 /** The latest few answers per key are what any caller asks about. */
 const PER_KEY = 32;
 const OFFSET_OUT_OF_RANGE = 1;
@@ -50,25 +54,68 @@ function deferred<T>(): Deferred<T> {
   return { promise, resolve, reject };
 }
 
-/** Resolves after `ms`, or at once when `signal` fires. */
-function pause(ms: number, signal?: Promise<void>): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  const slept = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, ms);
-  });
-  return Promise.race(signal ? [slept, signal] : [slept]).finally(() => clearTimeout(timer));
+/** Whether `e` (or an error it wraps: the library's MultipleErrors, an AggregateError's
+ * `errors`, a `cause`) is a failed authentication or authorization: retrying cannot help. */
+export function isAuthFailure(e: unknown): boolean {
+  const seen = new Set<unknown>();
+  const check = (x: unknown, depth: number): boolean => {
+    if (x === null || typeof x !== "object" || seen.has(x) || depth > 16) {
+      return false;
+    }
+    seen.add(x);
+    if (x instanceof AuthenticationError) {
+      return true;
+    }
+    const { code, apiId, errors, cause } = x as { code?: unknown; apiId?: unknown; errors?: unknown; cause?: unknown };
+    if (code === AuthenticationError.code) {
+      return true;
+    }
+    if (typeof apiId === "string" && (apiId.endsWith("_AUTHORIZATION_FAILED") || AUTH_PROTOCOL_ERRORS.has(apiId))) {
+      return true;
+    }
+    if (Array.isArray(errors) && errors.some((inner) => check(inner, depth + 1))) {
+      return true;
+    }
+    return check(cause, depth + 1);
+  };
+  return check(e, 0);
 }
 
-/** `promise`, or `onTimeout()` thrown when it has not settled within `ms`. */
-export async function within<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const expired = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(onTimeout()), Math.max(0, ms));
-  });
-  try {
-    return await Promise.race([promise, expired]);
-  } finally {
-    clearTimeout(timer);
+const AUTH_PROTOCOL_ERRORS = new Set(["SASL_AUTHENTICATION_FAILED", "UNSUPPORTED_SASL_MECHANISM", "ILLEGAL_SASL_STATE"]);
+
+/** An error's message with those of the errors it wraps (each distinct one once). */
+export function describe(e: unknown): string {
+  if (!(e instanceof Error)) {
+    return String(e);
+  }
+  const inner: string[] = [];
+  const seen = new Set<unknown>([e]);
+  const walk = (x: unknown, depth: number): void => {
+    if (depth > 8) {
+      return;
+    }
+    const { errors, cause } = x as { errors?: unknown; cause?: unknown };
+    for (const next of [...(Array.isArray(errors) ? errors : []), cause]) {
+      if (next === undefined || next === null || seen.has(next)) {
+        continue;
+      }
+      seen.add(next);
+      const text = next instanceof Error ? next.message : String(next);
+      if (text && text !== e.message && !inner.includes(text)) {
+        inner.push(text);
+      }
+      walk(next, depth + 1);
+    }
+  };
+  walk(e, 0);
+  return inner.length > 0 ? `${e.message} (${inner.join("; ")})` : e.message || String(e);
+}
+
+/** An error of the reader's own processing of what it read (not of Kafka): retrying would
+ * meet it again. */
+class ProcessingFailure extends Error {
+  constructor(readonly failure: unknown) {
+    super(describe(failure));
   }
 }
 
@@ -155,7 +202,7 @@ export class Reader {
   #stopped = false;
   /** Resolved when there is something new to do (a partition to follow, or the stop). */
   #wake = deferred<void>();
-  readonly #stopSignal = deferred<void>();
+  readonly #stopSignal = new AbortController();
   #loop: Promise<void> | null = null;
   #lastProblem: string | null = null;
 
@@ -217,15 +264,29 @@ export class Reader {
     this.#waiters.delete(waiter);
   }
 
-  /** Stops the loop and fails every wait still open. */
-  async stop(): Promise<void> {
+  /** The error of the reader's last failed round, while its rounds fail (null once one
+   * succeeds): why answers do not come. */
+  get lastProblem(): string | null {
+    return this.#lastProblem;
+  }
+
+  /** Fails every wait still open, closes the consumer (which makes the library give up the
+   * requests and retries it has under way), and waits for the loop to end: at most
+   * `waitMs`. */
+  async stop(waitMs: number = STOP_WAIT_MS): Promise<void> {
     this.#stopped = true;
-    this.#stopSignal.resolve();
+    this.#stopSignal.abort();
     this.#wake.resolve();
-    if (this.#loop !== null) {
-      await this.#loop;
-    }
     this.#fail("the client is closed");
+    const closed = viaCallback<void>((cb) => this.#consumer.close(false, cb));
+    const ended = Promise.allSettled([closed, this.#loop ?? Promise.resolve()]);
+    await new Promise<void>((resolve) => {
+      const cancel = timer(waitMs, resolve);
+      void ended.then(() => {
+        cancel();
+        resolve();
+      });
+    });
   }
 
   // -- the loop --------------------------------------------------------------------------------
@@ -246,14 +307,24 @@ export class Reader {
         if (this.#stopped) {
           break;
         }
-        if (e instanceof AuthenticationError) {
-          this.#fail(`reading answers: ${String(e)}`);
+        if (e instanceof ProcessingFailure) {
+          // As in the Python client: the reader must never die silently, nor read the same
+          // records again for good.
+          this.#fail(`the answer reader stopped: ${e.message}`);
+          return;
+        }
+        if (isAuthFailure(e)) {
+          this.#fail(`reading answers: ${describe(e)}`);
           return;
         }
         // Kafka clients retry for good: a broker that comes back is read again.
-        this.#lastProblem = (e as Error).message ?? String(e);
-        this.#consumer.clearMetadata();
-        await pause(RETRY_PAUSE_MS, this.#stopSignal.promise);
+        this.#lastProblem = describe(e);
+        try {
+          this.#consumer.clearMetadata();
+        } catch {
+          // a closed consumer
+        }
+        await pause(RETRY_PAUSE_MS, this.#stopSignal.signal);
       }
     }
   }
@@ -298,7 +369,7 @@ export class Reader {
       for (const s of pending) {
         // Asked again by the next call that needs it.
         this.followed.delete(id(s.topic, s.partition));
-        s.error = `reading ${s.topic} partition ${s.partition}: ${(e as Error).message ?? String(e)}`;
+        s.error = `reading ${s.topic} partition ${s.partition}: ${describe(e)}`;
         s.markCaughtUp();
       }
       return;
@@ -389,7 +460,11 @@ export class Reader {
         if (state === undefined || asked === undefined || state.position !== asked) {
           continue;
         }
-        this.#takeBatches(state, p.records ?? []);
+        try {
+          this.#takeBatches(state, p.records ?? []);
+        } catch (e) {
+          throw new ProcessingFailure(e);
+        }
         if (state.position >= state.end || (state.position >= p.highWatermark && p.highWatermark >= 0n)) {
           state.markCaughtUp();
         }
@@ -450,7 +525,7 @@ export class Reader {
     const barrier = isBarrier(headers);
     const admitted = this.fence.admit(topic, partition, headers);
     if (admitted.verdict === FORGED) {
-      this.#options.warn(
+      this.#warn(
         `${topic} partition ${partition} offset ${offset}: a fence marker (owner epoch ` +
           `${admitted.ownerEpoch}) that does not verify under the processor's keys: ignored`,
       );
@@ -462,6 +537,19 @@ export class Reader {
       this.#takeDecision(record.value, partition, offset);
     } else if (topic === this.#options.outcomes) {
       this.#takeOutcome(record.value);
+    }
+  }
+
+  /** The user's warning callback: a failure of its own does not stop the reader. */
+  #warn(message: string): void {
+    try {
+      this.#options.warn(message);
+    } catch (e) {
+      try {
+        console.warn(`airlock-client: ${message} (the onWarning callback failed: ${describe(e)})`);
+      } catch {
+        // nowhere left to report it
+      }
     }
   }
 

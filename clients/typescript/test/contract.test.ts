@@ -28,6 +28,9 @@ import {
   type Header,
 } from "../src/index.js";
 import { PACKAGE, REPO, VECTORS_PATH, inRepository, vectors } from "./vectors.js";
+// The package's test command names its files: the tests of the client's timers, reader and
+// closing (no broker needed) run with these.
+import "./client.test.js";
 
 const V = vectors();
 
@@ -276,8 +279,53 @@ describe("canonical rules beyond the vectors", () => {
     assert.equal(kind([-(2n ** 63n)]), "integer_out_of_range /0");
     assert.equal(kind([2n ** 64n]), "non_integer /0");
     assert.equal(kind(["\ud800"]), "syntax /0");
-    assert.equal(canonicalJson({ a: undefined, b: [undefined] }), '{"b":[null]}');
     assert.equal(canonicalJson({ "\ud83d\ude00": 1, "\ue000": 2 }), '{"\ud83d\ude00":1,"\ue000":2}');
+  });
+
+  test("JavaScript values that are not JSON are refused with their place, before anything is sent", () => {
+    const refused = (value: unknown): string => {
+      try {
+        canonicalJson(value);
+      } catch (e) {
+        assert.ok(e instanceof CanonicalError, `a CanonicalError, not ${String(e)}`);
+        return `${e.kind} ${e.path}`;
+      }
+      return "accepted";
+    };
+    class Money {
+      minor = 1;
+    }
+    assert.equal(refused({ a: new Map([["k", 1]]) }), "syntax /a");
+    assert.equal(refused({ a: [1, new Set([1])] }), "syntax /a/1");
+    assert.equal(refused({ when: new Date(0) }), "syntax /when");
+    assert.equal(refused({ a: { b: Buffer.from("x") } }), "syntax /a/b");
+    assert.equal(refused({ a: new Uint8Array([1]) }), "syntax /a");
+    assert.equal(refused({ amount: new Money() }), "syntax /amount");
+    assert.equal(refused({ f: () => 1 }), "syntax /f");
+    assert.equal(refused({ s: Symbol("s") }), "syntax /s");
+    assert.equal(refused({ a: undefined }), "syntax /a");
+    assert.equal(refused([1, undefined]), "syntax /1");
+    // eslint-disable-next-line no-sparse-arrays
+    assert.equal(refused([1, , 3]), "syntax /1");
+    assert.equal(refused({ "a/b~": { toJSON: () => 1 } }), "syntax /a~1b~0/toJSON");
+    assert.equal(refused(new Map()), "syntax (root)");
+    assert.equal(refused(undefined), "syntax (root)");
+    assert.match(String((() => { try { canonicalJson({ a: new Map() }); } catch (e) { return e; } })()), /a Map at \/a is not JSON/);
+    // What JSON has: plain objects (also without a prototype), arrays, strings, numbers,
+    // bigints, booleans and null.
+    const bare = Object.assign(Object.create(null) as object, { b: 1, a: [true, null, "x", 2n] });
+    assert.equal(canonicalJson(bare), '{"a":[true,null,"x",2],"b":1}');
+    // buildProposal refuses them too (nothing is sent: the proposal is not built).
+    const call = {
+      tool: "refund",
+      operationKey: "k",
+      arguments: { amount: new Map([["minor_units", 1]]) },
+      tenant: "t",
+      principal: "p",
+      runId: "r",
+      logicalCallId: "c",
+    };
+    assert.throws(() => buildProposal(call), (e: unknown) => e instanceof CanonicalError && e.path === "/amount");
   });
 });
 
