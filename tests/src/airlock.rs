@@ -192,6 +192,53 @@ impl Airlock {
         c
     }
 
+    /// A single Kafka node started as a process whose log cleaner looks every half second, or
+    /// `None` (the reason printed) where the provider cannot give one or does not compact
+    /// (tansu 0.6, `compat::Broker::compacts`): for tests of compaction.
+    pub async fn compacting_broker() -> anyhow::Result<Option<Broker>> {
+        let broker = Broker::start_with(crate::Settings {
+            nodes: 1,
+            properties: vec![("log.cleaner.backoff.ms".into(), "500".into())],
+        })
+        .await?;
+        if !broker.compatibility.compacts() || broker.processes().is_none() {
+            eprintln!(
+                "skipped: needs a broker this test started as a process that compacts ({:?}, {})",
+                broker.provider, broker.compatibility
+            );
+            return Ok(None);
+        }
+        Ok(Some(broker))
+    }
+
+    /// Makes the changelog as eager to compact as it gets (segments roll every second, any
+    /// dirty ratio is worth cleaning, no compaction lag), with `extra` settings on top.
+    /// AlterConfigs replaces a topic's whole dynamic configuration: the policy is restated.
+    pub async fn eager_changelog(&self, extra: &[(&str, &str)]) -> anyhow::Result<()> {
+        use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            self.config.client_config().create()?;
+        let changelog = self.names.changelog();
+        let mut eager = AlterConfig::new(ResourceSpecifier::Topic(&changelog))
+            .set("cleanup.policy", "compact")
+            .set("segment.ms", "1000")
+            .set("min.cleanable.dirty.ratio", "0.01")
+            .set("min.compaction.lag.ms", "0");
+        for (name, value) in extra {
+            eager = eager.set(name, value);
+        }
+        for result in admin
+            .alter_configs(
+                &[eager],
+                &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
+            )
+            .await?
+        {
+            result.map_err(|(r, e)| anyhow::anyhow!("altering {r:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// The signing key of `person` (one of [`PEOPLE`]) made by [`Options::signing_people`].
     pub fn person_key_file(&self, person: &str) -> PathBuf {
         self.state_root

@@ -13,11 +13,9 @@ use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::eventually;
 use airlock_tests::workload::{self, Lcg};
-use airlock_tests::{Broker, Settings, eventually};
 use anyhow::Context;
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 
 const N: usize = 3_000;
 
@@ -51,36 +49,11 @@ fn cleaned(a: &Airlock) -> anyhow::Result<Vec<(i32, i64)>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_instance_restores_from_a_compacted_changelog_and_decides_the_rest_alike()
 -> anyhow::Result<()> {
-    let broker = Broker::start_with(Settings {
-        nodes: 1,
-        properties: vec![("log.cleaner.backoff.ms".into(), "500".into())],
-    })
-    .await?;
-    if !broker.compatibility.compacts() || broker.processes().is_none() {
-        eprintln!(
-            "skipped: needs a broker this test started as a process that compacts ({:?}, {})",
-            broker.provider, broker.compatibility
-        );
+    let Some(broker) = Airlock::compacting_broker().await? else {
         return Ok(());
-    }
+    };
     let a = Airlock::on(broker, "compaction", 2, Options::default()).await?;
-    // AlterConfigs replaces a topic's whole dynamic configuration: the policy is restated.
-    let admin: AdminClient<DefaultClientContext> = a.config.client_config().create()?;
-    let changelog = a.names.changelog();
-    let eager = AlterConfig::new(ResourceSpecifier::Topic(&changelog))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", "1000")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("min.compaction.lag.ms", "0");
-    for result in admin
-        .alter_configs(
-            &[eager],
-            &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
-        )
-        .await?
-    {
-        result.map_err(|(r, e)| anyhow::anyhow!("altering {r:?}: {e}"))?;
-    }
+    a.eager_changelog(&[]).await?;
 
     let dir = tempfile::tempdir()?;
     let (log, log2) = (dir.path().join("p1.log"), dir.path().join("p2.log"));

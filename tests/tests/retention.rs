@@ -18,9 +18,7 @@ use airlock_processor::sample;
 use airlock_processor::store::keys::Table;
 use airlock_schemas::{ChangelogRecord, Codec, OutcomeKind, Reason, ToolProposal, Verdict};
 use airlock_tests::airlock::{Airlock, Options};
-use airlock_tests::{Broker, Settings, eventually};
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use airlock_tests::eventually;
 
 const WAIT: Duration = Duration::from_secs(120);
 const RETENTION_MS: u64 = 3_000;
@@ -63,18 +61,9 @@ fn blind_retry(p: &ToolProposal, id: &str) -> ToolProposal {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_intents_answer_retries_then_leave_the_changelog_as_tombstones() -> anyhow::Result<()>
 {
-    let broker = Broker::start_with(Settings {
-        nodes: 1,
-        properties: vec![("log.cleaner.backoff.ms".into(), "500".into())],
-    })
-    .await?;
-    if !broker.compatibility.compacts() || broker.processes().is_none() {
-        eprintln!(
-            "skipped: needs a broker this test started as a process that compacts ({:?}, {})",
-            broker.provider, broker.compatibility
-        );
+    let Some(broker) = Airlock::compacting_broker().await? else {
         return Ok(());
-    }
+    };
     let mut a = Airlock::on(broker, "retention", 1, Options::default()).await?;
     a.config.processor.closed_intent_retention_ms = CLOSED_RETENTION_MS;
     let tools = std::fs::read_to_string(&a.config.tools.registry)?;
@@ -87,23 +76,7 @@ async fn closed_intents_answer_retries_then_leave_the_changelog_as_tombstones() 
         ),
     )?;
     // Compaction as eager as it gets, tombstones removed as soon as their segment is cleaned.
-    let admin: AdminClient<DefaultClientContext> = a.config.client_config().create()?;
-    let changelog = a.names.changelog();
-    let eager = AlterConfig::new(ResourceSpecifier::Topic(&changelog))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", "1000")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("min.compaction.lag.ms", "0")
-        .set("delete.retention.ms", "0");
-    for result in admin
-        .alter_configs(
-            &[eager],
-            &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
-        )
-        .await?
-    {
-        result.map_err(|(r, e)| anyhow::anyhow!("altering {r:?}: {e}"))?;
-    }
+    a.eager_changelog(&[("delete.retention.ms", "0")]).await?;
 
     let producer = a.producer()?;
     let p1 = a.spawn("p1")?;

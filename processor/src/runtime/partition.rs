@@ -1641,6 +1641,22 @@ mod tests {
         }
     }
 
+    /// The `airlock-dlq-reason` of each dead letter among `records`, in order.
+    fn dead_letter_reasons(records: &[OutRecord], names: &Names) -> Vec<String> {
+        records
+            .iter()
+            .filter(|r| r.topic == names.dlq())
+            .map(|r| {
+                let (_, v) = r
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == header::DLQ_REASON)
+                    .unwrap();
+                String::from_utf8(v.clone()).unwrap()
+            })
+            .collect()
+    }
+
     /// Key, value and headers of a record as the broker counts them, roughly.
     fn size(r: &OutRecord) -> usize {
         r.key.as_ref().map_or(0, Vec::len)
@@ -1753,19 +1769,7 @@ mod tests {
         ))
         .unwrap();
         let outbox = task.seal(NOW).unwrap();
-        let reasons: Vec<String> = outbox
-            .records
-            .iter()
-            .filter(|r| r.topic == names.dlq())
-            .map(|r| {
-                let (_, v) = r
-                    .headers
-                    .iter()
-                    .find(|(k, _)| k == header::DLQ_REASON)
-                    .unwrap();
-                String::from_utf8(v.clone()).unwrap()
-            })
-            .collect();
+        let reasons = dead_letter_reasons(&outbox.records, &names);
         let mut expected: Vec<&str> = cases.iter().map(|c| c.4).collect();
         expected.push("MALFORMED");
         assert_eq!(reasons, expected);
@@ -1894,19 +1898,7 @@ mod tests {
                 expected.extend(code);
             }
             let outbox = task.seal(NOW).unwrap();
-            let codes: Vec<String> = outbox
-                .records
-                .iter()
-                .filter(|r| r.topic == names.dlq())
-                .map(|r| {
-                    let (_, v) = r
-                        .headers
-                        .iter()
-                        .find(|(k, _)| k == header::DLQ_REASON)
-                        .unwrap();
-                    String::from_utf8(v.clone()).unwrap()
-                })
-                .collect();
+            let codes = dead_letter_reasons(&outbox.records, &names);
             assert_eq!(codes, expected, "required: {required}");
             // Each refusal is answered to whoever sent it, naming why.
             let replies: Vec<airlock_schemas::Decision> = outbox
