@@ -210,6 +210,70 @@ async fn a_proven_refusal_is_retried_as_a_new_epoch_and_commits_once() -> anyhow
     Ok(())
 }
 
+/// The most calls the worker had in flight at once, from its log (a call is in flight from
+/// "started; calling" to its outcome line).
+fn most_calls_in_flight(worker_log: &PathBuf) -> usize {
+    let text = std::fs::read_to_string(worker_log).unwrap_or_default();
+    let mut in_flight = std::collections::BTreeSet::new();
+    let mut most = 0;
+    for line in text.lines() {
+        let Some((_, rest)) = line.split_once("airlock_connectors::worker::handle: ") else {
+            continue;
+        };
+        let Some((attempt, what)) = rest.split_once(": ") else {
+            continue;
+        };
+        if what.starts_with("started; calling") {
+            in_flight.insert(attempt.to_owned());
+            most = most.max(in_flight.len());
+        } else if ["COMMITTED", "FAILED", "UNKNOWN"]
+            .iter()
+            .any(|k| what.starts_with(k))
+        {
+            in_flight.remove(attempt);
+        }
+    }
+    most
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_calls_a_backlog_at_once_and_each_refund_commits_once() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-backlog", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("backlog", "ledger"), log_file("backlog", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    // A slow downstream: one call at a time, twelve would take six seconds.
+    ledger.arm_always("delay=500").await?;
+    let processor = a.spawn("p1")?;
+    let producer = a.producer()?;
+    let refunds: Vec<_> = (0..12)
+        .map(|i| sample::refund(&format!("refund:backlog-{i}"), 100 + i, now_ms()))
+        .collect();
+    a.send_many(&producer, &a.names.proposals(), &refunds, |p| {
+        p.operation_key.as_str()
+    })
+    .await?;
+    // The whole backlog waits in the dispatch topic before the worker starts.
+    eventually("twelve dispatch commands", WAIT, async || {
+        Ok((a.dispatches()?.len() == refunds.len()).then_some(()))
+    })
+    .await?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    for p in &refunds {
+        settled(&a, &p.operation_key, &[&worker_log, &ledger_log]).await?;
+        assert_eq!(ledger.effects_for(&p.operation_key).await?, 1);
+    }
+    assert_eq!(ledger.effects_total().await?, refunds.len() as u64);
+    let most = most_calls_in_flight(&worker_log);
+    assert!(
+        most >= 2,
+        "the worker made its calls one at a time ({most} at most in flight)"
+    );
+    assert!(worker.stop()?);
+    processor.stop()?;
+    Ok(())
+}
+
 /// A dispatch command for `key` as the processor would issue it, signed by `key_by`.
 fn command(
     key: &str,

@@ -16,6 +16,7 @@
 //! | `connector.reserve_ms` | `AIRLOCK_CONNECTOR_RESERVE_MS` | `500` |
 //! | `connector.reconcile_timeout_ms` | `AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS` | `10000` |
 //! | `connector.max_evidence_bytes` | `AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES` | `4096` |
+//! | `connector.max_in_flight` (commands read, started and called together: 1 to 1024) | `AIRLOCK_CONNECTOR_MAX_IN_FLIGHT` | `32` |
 //! | `capability.verifying_key_files` | `AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES` (comma separated) | none |
 //! | `capability.allow_unsigned` | `AIRLOCK_CONNECTOR_ALLOW_UNSIGNED` | `false` |
 //! | `capability.signing_key_file` (this connector's workers' own key: signs their outcomes) | `AIRLOCK_CONNECTOR_SIGNING_KEY_FILE` | empty: outcomes unsigned |
@@ -81,8 +82,9 @@ pub struct Connector {
     pub group_id: String,
     /// How long the group waits for a silent worker before handing its partitions over.
     pub session_timeout_ms: u64,
-    /// How long a worker may stay out of `poll` (one downstream call at most): above the
-    /// largest attempt timeout cap of the tools, or the group evicts busy workers.
+    /// How long a worker may stay out of `poll` (one batch: its calls run at once, so about
+    /// the longest of them): above the largest attempt timeout cap of the tools, or the group
+    /// evicts busy workers.
     pub max_poll_interval_ms: u64,
     /// Kept free before a command's attempt deadline: the outcome must still reach the
     /// processor before it declares the attempt UNKNOWN.
@@ -91,6 +93,11 @@ pub struct Connector {
     pub reconcile_timeout_ms: u64,
     /// Evidence (downstream answers, errors) is cut to this many bytes.
     pub max_evidence_bytes: usize,
+    /// At most this many commands are read, started and called together: one acknowledgement
+    /// wait and one offset commit for the batch, and this many calls in flight downstream at
+    /// once (the calls of one operation key still one after the other). 1 handles one command
+    /// at a time.
+    pub max_in_flight: usize,
 }
 
 impl Default for Connector {
@@ -104,6 +111,7 @@ impl Default for Connector {
             reserve_ms: 500,
             reconcile_timeout_ms: 10_000,
             max_evidence_bytes: 4_096,
+            max_in_flight: 32,
         }
     }
 }
@@ -187,6 +195,9 @@ impl Config {
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES") {
             c.max_evidence_bytes = env_value("AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES", v)?;
         }
+        if let Some(v) = lookup("AIRLOCK_CONNECTOR_MAX_IN_FLIGHT") {
+            c.max_in_flight = env_value("AIRLOCK_CONNECTOR_MAX_IN_FLIGHT", v)?;
+        }
         if let Some(v) = lookup("AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES") {
             self.capability.verifying_key_files = v
                 .split(',')
@@ -256,6 +267,9 @@ impl Config {
         }
         if c.max_evidence_bytes < 64 {
             return invalid("connector.max_evidence_bytes", "must be at least 64");
+        }
+        if !(1..=1024).contains(&c.max_in_flight) {
+            return invalid("connector.max_in_flight", "must be 1 to 1024");
         }
         if c.reconcile_timeout_ms == 0 {
             return invalid("connector.reconcile_timeout_ms", "must be more than 0");

@@ -1,4 +1,6 @@
-//! One command, start to finish (DESIGN.md section 7). For a dispatch:
+//! Commands, in batches (DESIGN.md section 7). The worker reads up to
+//! `connector.max_in_flight` records and handles them in two phases. Phase one
+//! ([`Handler::prepare`]), record by record in the order read, for a dispatch:
 //!
 //! 1. refuse what must not run (dead letter, never an outcome): undecodable, misplaced,
 //!    unsigned, forged, altered arguments, expired over an hour ago. An authentic command
@@ -10,42 +12,57 @@
 //!    multiplies the load;
 //! 2. refuse an epoch at or below one already started for the key (fence 2), and a command of
 //!    an owner epoch behind the partition's fence (fence 1);
-//! 3. produce `ATTEMPT_STARTED` and wait for its acknowledgement, then commit the dispatch
-//!    offset synchronously: a worker that lost the partition fails here and calls nothing;
+//! 3. write `ATTEMPT_STARTED`.
+//!
+//! Then the worker produces the batch's `ATTEMPT_STARTED` records and dead letters and waits
+//! for their acknowledgement, and commits the offsets past the batch synchronously: a worker
+//! that lost a partition fails here and calls nothing for it. Phase two
+//! ([`Handler::execute_all`]) runs the started calls at once (the calls of one operation key
+//! one after the other, in the order read):
+//!
 //! 4. call downstream once with `timeout = min(attempt_timeout_ms, attempt_deadline_at - now -
 //!    reserve_ms)` (no time left: no call, FAILED "not called");
-//! 5. produce COMMITTED, FAILED or UNKNOWN with bounded evidence.
+//! 5. produce COMMITTED, FAILED or UNKNOWN with bounded evidence as soon as the call ends.
+//!
+//! A batch costs three waits on the broker (the starts, the commit, the outcomes) whatever its
+//! size, where one command at a time paid them per command: under a burst that is what keeps
+//! commands from expiring in the queue.
 //!
 //! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
 //! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN; for an attempt this connector
 //! started and failed before calling (learnt from the outcomes like the started epochs), it is
-//! answered RECONCILED_FAILED without a lookup. Nothing is ever retried.
+//! answered RECONCILED_FAILED without a lookup. It runs in phase two like a call, and is
+//! answered even when the commit failed. Nothing is ever retried.
 //!
 //! Each command is handled in a span whose parent is the trace context of the dispatch record
 //! (`traceparent`, written by the processor's decision): the outcomes and dead letters it
 //! writes carry that span's context, so the processor's settlement joins the same trace, and
 //! the downstream call carries it as its own `traceparent` header.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::capability::Refused;
 use airlock_processor::runtime::produce::{self, Producer};
+use airlock_processor::runtime::wire::OutRecord;
 use airlock_processor::telemetry::trace;
 use airlock_schemas::{DispatchCommand, OutcomeKind, ReconcileCommand};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
 use super::check::{Checker, Command};
+use super::report::{self, Attempt, Reporter, Source};
+use super::started::Started;
+use super::telemetry::Telemetry;
+use crate::http::{HttpConnector, Observation};
 
 /// How long after its attempt deadline an authentic dispatch command is still started and
 /// failed "not called" rather than refused: an hour, far below the outcomes topic's retention
 /// (the broker default, 7 days), so the attempt's ATTEMPT_STARTED, had it started, is still
 /// there for the started map to refuse the copy.
 const EXPIRED_FAILS_WITHIN_MS: i64 = 3_600_000;
-use super::report::{self, Attempt, Reporter, Source};
-use super::started::Started;
-use super::telemetry::Telemetry;
-use crate::http::{HttpConnector, Observation};
 
 /// What handling a command may fail with: only the outcome or dead letter could not be
 /// produced (the process stops; the processor's attempt deadline and reconciliation take over).
@@ -91,6 +108,63 @@ pub struct Record<'a> {
     pub parent: &'a Context,
 }
 
+/// What phase one made of a record.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing left to run (a dead letter, when there is one, is in the batch's records).
+    Done(Handled),
+    /// Started (a dispatch) or to answer (a reconcile command): runs once the batch's offsets
+    /// are committed.
+    Later(Box<Job>),
+}
+
+/// A command of the batch that calls downstream in phase two.
+#[derive(Debug)]
+pub struct Job {
+    cx: Context,
+    partition: i32,
+    work: Work,
+}
+
+#[derive(Debug)]
+enum Work {
+    Call {
+        cmd: Box<DispatchCommand>,
+        /// The canonical arguments, or why the call cannot be made.
+        arguments: std::result::Result<serde_json::Value, String>,
+        /// The trace context the outcome and the downstream request carry.
+        context: Vec<(String, Vec<u8>)>,
+    },
+    Lookup {
+        cmd: ReconcileCommand,
+        /// This connector started the attempt and failed it before calling.
+        known_unsent: bool,
+    },
+}
+
+impl Job {
+    pub fn operation_key(&self) -> &str {
+        match &self.work {
+            Work::Call { cmd, .. } => &cmd.operation_key,
+            Work::Lookup { cmd, .. } => &cmd.operation_key,
+        }
+    }
+
+    /// True for a started dispatch (a call), false for a reconcile lookup.
+    pub fn is_call(&self) -> bool {
+        matches!(self.work, Work::Call { .. })
+    }
+}
+
+/// A job that ended: its outcome is acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub partition: i32,
+    pub handled: Handled,
+    /// The operation key and epoch of a started attempt failed without a call.
+    pub unsent: Option<(String, i64)>,
+}
+
 pub fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -98,14 +172,16 @@ pub fn wall_ms() -> i64 {
 }
 
 impl Handler {
-    /// Handles one accepted (not fenced by its header) record. `commit` commits the offset
-    /// after it synchronously and says whether the group took it.
-    pub fn handle(
+    /// Phase one of an accepted (not fenced by its header) record: checks it, and starts it
+    /// when it is a dispatch (its `ATTEMPT_STARTED` goes to `out`, as does a dead letter). The
+    /// caller produces `out`, commits the offset past the record, and only then runs the
+    /// returned job ([`Self::execute_all`]).
+    pub fn prepare(
         &self,
         record: Record<'_>,
         started: &mut Started,
-        commit: impl FnOnce() -> bool,
-    ) -> Result<Handled> {
+        out: &mut Vec<OutRecord>,
+    ) -> Step {
         let source = record.source;
         let cx = self.span(
             format_args!("handle {} command", self.reporter.connector),
@@ -125,24 +201,28 @@ impl Handler {
         {
             Ok(c) => c,
             Err(refusal) => {
-                self.dead_letter(&cx, source, refusal.reason, &refusal.detail)?;
-                commit();
-                return Ok(Handled::DeadLettered);
+                out.push(self.dead_letter(&cx, source, refusal.reason, &refusal.detail));
+                return done(&cx, Handled::DeadLettered);
             }
         };
-        let handled = match command {
+        match command {
             Command::Dispatch(cmd) => {
                 name("execute", &cmd.tool, &cmd.operation_key, cmd.epoch);
-                self.dispatch(&cx, record, &cmd, started, commit)
+                self.start(cx, record, cmd, started, out)
             }
             Command::Reconcile(cmd) => {
                 name("reconcile", &cmd.tool, &cmd.operation_key, cmd.epoch);
-                let handled = match self.checker.authorize_reconcile(&cmd) {
+                match self.checker.authorize_reconcile(&cmd) {
                     // A forged reconcile command must not be able to report a proof of
                     // failure for an attempt: it is dead-lettered, never answered.
                     Err(refused) => {
-                        self.dead_letter(&cx, source, refused.code(), &refused.to_string())?;
-                        Handled::DeadLettered
+                        out.push(self.dead_letter(
+                            &cx,
+                            source,
+                            refused.code(),
+                            &refused.to_string(),
+                        ));
+                        done(&cx, Handled::DeadLettered)
                     }
                     Ok(()) if cmd.owner_epoch < record.fence => {
                         log::warn!(
@@ -155,40 +235,38 @@ impl Handler {
                             record.fence,
                             source.partition
                         );
-                        Handled::Fenced
+                        done(&cx, Handled::Fenced)
                     }
-                    Ok(()) => self.reconcile(&cx, source.partition, &cmd, started)?,
-                };
-                commit();
-                Ok(handled)
+                    Ok(()) => {
+                        let known_unsent = started.failed_unsent(&cmd.operation_key, cmd.epoch);
+                        Step::Later(Box::new(Job {
+                            cx,
+                            partition: source.partition,
+                            work: Work::Lookup { cmd, known_unsent },
+                        }))
+                    }
+                }
             }
-        };
-        if let Ok(Handled::Executed(kind) | Handled::Reconciled(kind)) = &handled {
-            cx.span()
-                .set_attribute(KeyValue::new("airlock.outcome", kind.as_str()));
         }
-        cx.span().end();
-        handled
     }
 
-    fn dispatch(
+    fn start(
         &self,
-        cx: &Context,
+        cx: Context,
         record: Record<'_>,
-        cmd: &DispatchCommand,
+        cmd: Box<DispatchCommand>,
         started: &mut Started,
-        commit: impl FnOnce() -> bool,
-    ) -> Result<Handled> {
+        out: &mut Vec<OutRecord>,
+    ) -> Step {
         let source = record.source;
         let key = cmd.operation_key.as_str();
-        let arguments = match self.checker.authorize(cmd, wall_ms()) {
+        let arguments = match self.checker.authorize(&cmd, wall_ms()) {
             Ok(arguments) => Ok(arguments),
             // An authentic command of an attempt that already started is a redelivery, even
             // when it has expired since.
             Err(Refused::Expired { .. }) if started.refuses(key, cmd.epoch) => {
                 log::info!("{key}#{}: redelivered after it started; ignored", cmd.epoch);
-                commit();
-                return Ok(Handled::Duplicate);
+                return done(&cx, Handled::Duplicate);
             }
             // Authentic, and too late to call: started and failed below without a call. Only
             // when it expired recently (a backlog): an old copy replayed could belong to an
@@ -202,9 +280,8 @@ impl Handler {
                 now - attempt_deadline_at
             )),
             Err(refused) => {
-                self.dead_letter(cx, source, refused.code(), &refused.to_string())?;
-                commit();
-                return Ok(Handled::DeadLettered);
+                out.push(self.dead_letter(&cx, source, refused.code(), &refused.to_string()));
+                return done(&cx, Handled::DeadLettered);
             }
         };
         if started.refuses(key, cmd.epoch) {
@@ -213,8 +290,7 @@ impl Handler {
                 cmd.epoch,
                 started.get(key).unwrap_or_default()
             );
-            commit();
-            return Ok(Handled::Duplicate);
+            return done(&cx, Handled::Duplicate);
         }
         // The header passed the fence; the signed owner epoch must too (a header can be
         // rewritten, the signature cannot).
@@ -226,163 +302,256 @@ impl Handler {
                 record.fence,
                 source.partition
             );
-            commit();
-            return Ok(Handled::Fenced);
+            return done(&cx, Handled::Fenced);
         }
-        let attempt = Attempt {
-            operation_key: key,
-            epoch: cmd.epoch,
-            partition: source.partition,
-            owner_epoch: cmd.owner_epoch,
-            round: None,
-        };
-        let (_, mut started_record) =
-            self.reporter
-                .outcome(attempt, OutcomeKind::AttemptStarted, None, None, wall_ms());
-        let context = trace::inject(cx);
+        let (_, mut started_record) = self.reporter.outcome(
+            attempt_of(&cmd, source.partition),
+            OutcomeKind::AttemptStarted,
+            None,
+            None,
+            wall_ms(),
+        );
+        let context = trace::inject(&cx);
         started_record.headers.extend(context.iter().cloned());
-        self.producer.send_phased(&[started_record])?;
+        out.push(started_record);
         started.record(key, cmd.epoch);
-        if !commit() {
+        Step::Later(Box::new(Job {
+            cx,
+            partition: source.partition,
+            work: Work::Call {
+                cmd,
+                arguments,
+                context,
+            },
+        }))
+    }
+
+    /// A started call whose offset commit failed (this worker probably lost the partition):
+    /// it is not made.
+    pub fn abandon(&self, job: Job) -> Handled {
+        if let Work::Call { cmd, .. } = &job.work {
             log::error!(
-                "{key}#{}: ATTEMPT_STARTED is recorded but the offset commit failed (this worker \
+                "{}#{}: ATTEMPT_STARTED is recorded but the offset commit failed (this worker \
                  probably lost the partition): not calling; the attempt settles through \
                  reconciliation",
+                cmd.operation_key,
                 cmd.epoch
             );
-            return Ok(Handled::Abandoned);
         }
-        let max_evidence = self.http.max_evidence();
+        job.cx.span().end();
+        Handled::Abandoned
+    }
+
+    /// Phase two: runs `jobs` (their offsets committed) at once, each outcome produced as
+    /// soon as its job ends; the jobs of one operation key run one after the other, in the
+    /// order read. Returns once every outcome is acknowledged.
+    pub fn execute_all(&self, jobs: Vec<Job>) -> Result<Vec<Finished>> {
+        let mut chains: Vec<Vec<Job>> = Vec::new();
+        let mut chain_of: HashMap<String, usize> = HashMap::new();
+        for job in jobs {
+            let i = *chain_of
+                .entry(job.operation_key().to_owned())
+                .or_insert_with(|| {
+                    chains.push(Vec::new());
+                    chains.len() - 1
+                });
+            chains[i].push(job);
+        }
+        let mut flights = Vec::new();
+        let mut finished = Vec::new();
+        self.runtime.block_on(async {
+            let mut running: FuturesUnordered<_> = chains
+                .into_iter()
+                .map(|chain| async move {
+                    let mut ended = Vec::with_capacity(chain.len());
+                    for job in chain {
+                        ended.push(self.execute(job).await);
+                    }
+                    ended
+                })
+                .collect();
+            while let Some(ended) = running.next().await {
+                for (f, outcome) in ended {
+                    flights.push(self.producer.send(&[&outcome])?);
+                    finished.push(f);
+                }
+            }
+            Ok::<_, produce::Error>(())
+        })?;
+        for mut flight in flights {
+            flight.wait(&self.producer)?;
+        }
+        Ok(finished)
+    }
+
+    /// One job: the call (or lookup) and the outcome record reporting it.
+    async fn execute(&self, job: Job) -> (Finished, OutRecord) {
+        let Job {
+            cx,
+            partition,
+            work,
+        } = job;
         let began = Instant::now();
-        let observation = match arguments.and_then(|arguments| {
+        let (finished, outcome) = match work {
+            Work::Call {
+                cmd,
+                arguments,
+                context,
+            } => {
+                let observation = self.call(&cmd, arguments, &context).await;
+                let kind = report::kind_of(&observation, false);
+                self.telemetry
+                    .call_duration
+                    .observe(&["execute", kind.as_str()], began.elapsed().as_secs_f64());
+                log::info!(
+                    "{}#{}: {} after {} ms{}: {}",
+                    cmd.operation_key,
+                    cmd.epoch,
+                    kind.as_str(),
+                    began.elapsed().as_millis(),
+                    observation
+                        .provider_reference
+                        .as_deref()
+                        .map(|r| format!(" (provider reference {r})"))
+                        .unwrap_or_default(),
+                    first_line(&observation.evidence)
+                );
+                let unsent = observation
+                    .was_not_called()
+                    .then(|| (cmd.operation_key.clone(), cmd.epoch));
+                let (_, mut outcome) = self.reporter.outcome(
+                    attempt_of(&cmd, partition),
+                    kind,
+                    Some(observation.evidence),
+                    observation.provider_reference,
+                    wall_ms(),
+                );
+                outcome.headers.extend(context);
+                let handled = Handled::Executed(kind);
+                (
+                    Finished {
+                        partition,
+                        handled,
+                        unsent,
+                    },
+                    outcome,
+                )
+            }
+            Work::Lookup { cmd, known_unsent } => {
+                let key = cmd.operation_key.as_str();
+                // An attempt this connector started and failed before any call (it expired
+                // in the queue, typically, while the processor timed it out and asked): the
+                // answer is known, and a lookup per such attempt is what turns a backlog into
+                // an overload.
+                let observation = if known_unsent {
+                    Observation::not_called(
+                        format!(
+                            "this connector failed attempt {} before calling downstream",
+                            cmd.epoch
+                        ),
+                        self.http.max_evidence(),
+                    )
+                } else {
+                    self.http.reconcile(&cmd, self.reconcile_timeout).await
+                };
+                let kind = report::kind_of(&observation, true);
+                self.telemetry
+                    .call_duration
+                    .observe(&["reconcile", kind.as_str()], began.elapsed().as_secs_f64());
+                log::info!(
+                    "{key}#{} reconcile round {}: {}: {}",
+                    cmd.epoch,
+                    cmd.round,
+                    kind.as_str(),
+                    first_line(&observation.evidence)
+                );
+                let attempt = Attempt {
+                    operation_key: key,
+                    epoch: cmd.epoch,
+                    partition,
+                    owner_epoch: cmd.owner_epoch,
+                    round: Some(cmd.round),
+                };
+                let (_, mut outcome) = self.reporter.outcome(
+                    attempt,
+                    kind,
+                    Some(observation.evidence),
+                    observation.provider_reference,
+                    wall_ms(),
+                );
+                outcome.headers.extend(trace::inject(&cx));
+                (
+                    Finished {
+                        partition,
+                        handled: Handled::Reconciled(kind),
+                        unsent: None,
+                    },
+                    outcome,
+                )
+            }
+        };
+        if let Handled::Executed(kind) | Handled::Reconciled(kind) = finished.handled {
+            cx.span()
+                .set_attribute(KeyValue::new("airlock.outcome", kind.as_str()));
+        }
+        cx.span().end();
+        (finished, outcome)
+    }
+
+    /// Calls downstream once for a started dispatch, within its attempt deadline less the
+    /// reserve and its attempt timeout cap; "not called" when it cannot be sent or no time
+    /// is left.
+    async fn call(
+        &self,
+        cmd: &DispatchCommand,
+        arguments: std::result::Result<serde_json::Value, String>,
+        context: &[(String, Vec<u8>)],
+    ) -> Observation {
+        let max_evidence = self.http.max_evidence();
+        let mut request = match arguments.and_then(|arguments| {
             self.http
                 .request(cmd, &arguments)
                 .map_err(|why| why.to_string())
         }) {
-            Err(why) => Observation::not_called(why, max_evidence),
-            Ok(mut request) => {
-                for (name, value) in &context {
-                    if let (Ok(name), Ok(value)) = (
-                        hyper::header::HeaderName::from_bytes(name.as_bytes()),
-                        hyper::header::HeaderValue::from_bytes(value),
-                    ) {
-                        request.headers.push((name, value));
-                    }
-                }
-                let now = wall_ms();
-                let left = cmd.attempt_deadline_at - now - self.reserve_ms;
-                let cap = if cmd.attempt_timeout_ms > 0 {
-                    cmd.attempt_timeout_ms
-                } else {
-                    i64::MAX
-                };
-                let timeout = left.min(cap);
-                if timeout <= 0 {
-                    Observation::not_called(
-                        format!(
-                            "no time left: the attempt deadline is {} ms away and {} ms are \
-                             reserved for reporting",
-                            cmd.attempt_deadline_at - now,
-                            self.reserve_ms
-                        ),
-                        max_evidence,
-                    )
-                } else {
-                    log::info!(
-                        "{key}#{}: started; calling {} {} (timeout {timeout} ms)",
-                        cmd.epoch,
-                        request.method,
-                        request.url
-                    );
-                    let timeout = Duration::from_millis(timeout as u64);
-                    self.runtime
-                        .block_on(self.http.call(&cmd.tool, &request, timeout))
-                }
+            Err(why) => return Observation::not_called(why, max_evidence),
+            Ok(request) => request,
+        };
+        for (name, value) in context {
+            if let (Ok(name), Ok(value)) = (
+                hyper::header::HeaderName::from_bytes(name.as_bytes()),
+                hyper::header::HeaderValue::from_bytes(value),
+            ) {
+                request.headers.push((name, value));
             }
-        };
-        let kind = report::kind_of(&observation, false);
-        if observation.was_not_called() {
-            started.record_unsent(key, cmd.epoch);
         }
-        self.telemetry
-            .call_duration
-            .observe(&["execute", kind.as_str()], began.elapsed().as_secs_f64());
-        log::info!(
-            "{key}#{}: {} after {} ms{}: {}",
-            cmd.epoch,
-            kind.as_str(),
-            began.elapsed().as_millis(),
-            observation
-                .provider_reference
-                .as_deref()
-                .map(|r| format!(" (provider reference {r})"))
-                .unwrap_or_default(),
-            first_line(&observation.evidence)
-        );
-        let (_, mut outcome) = self.reporter.outcome(
-            attempt,
-            kind,
-            Some(observation.evidence),
-            observation.provider_reference,
-            wall_ms(),
-        );
-        outcome.headers.extend(context);
-        self.producer.send_phased(&[outcome])?;
-        Ok(Handled::Executed(kind))
-    }
-
-    fn reconcile(
-        &self,
-        cx: &Context,
-        partition: i32,
-        cmd: &ReconcileCommand,
-        started: &Started,
-    ) -> Result<Handled> {
-        let key = cmd.operation_key.as_str();
-        let began = Instant::now();
-        // An attempt this connector started and failed before any call (it expired in the
-        // queue, typically, while the processor timed it out and asked): the answer is known,
-        // and a lookup per such attempt is what turns a backlog into an overload.
-        let observation = if started.failed_unsent(key, cmd.epoch) {
-            Observation::not_called(
-                format!(
-                    "this connector failed attempt {} before calling downstream",
-                    cmd.epoch
-                ),
-                self.http.max_evidence(),
-            )
+        let now = wall_ms();
+        let left = cmd.attempt_deadline_at - now - self.reserve_ms;
+        let cap = if cmd.attempt_timeout_ms > 0 {
+            cmd.attempt_timeout_ms
         } else {
-            self.runtime
-                .block_on(self.http.reconcile(cmd, self.reconcile_timeout))
+            i64::MAX
         };
-        let kind = report::kind_of(&observation, true);
-        self.telemetry
-            .call_duration
-            .observe(&["reconcile", kind.as_str()], began.elapsed().as_secs_f64());
+        let timeout = left.min(cap);
+        if timeout <= 0 {
+            return Observation::not_called(
+                format!(
+                    "no time left: the attempt deadline is {} ms away and {} ms are reserved \
+                     for reporting",
+                    cmd.attempt_deadline_at - now,
+                    self.reserve_ms
+                ),
+                max_evidence,
+            );
+        }
         log::info!(
-            "{key}#{} reconcile round {}: {}: {}",
+            "{}#{}: started; calling {} {} (timeout {timeout} ms)",
+            cmd.operation_key,
             cmd.epoch,
-            cmd.round,
-            kind.as_str(),
-            first_line(&observation.evidence)
+            request.method,
+            request.url
         );
-        let attempt = Attempt {
-            operation_key: key,
-            epoch: cmd.epoch,
-            partition,
-            owner_epoch: cmd.owner_epoch,
-            round: Some(cmd.round),
-        };
-        let (_, mut outcome) = self.reporter.outcome(
-            attempt,
-            kind,
-            Some(observation.evidence),
-            observation.provider_reference,
-            wall_ms(),
-        );
-        outcome.headers.extend(trace::inject(cx));
-        self.producer.send_phased(&[outcome])?;
-        Ok(Handled::Reconciled(kind))
+        let timeout = Duration::from_millis(timeout as u64);
+        self.http.call(&cmd.tool, &request, timeout).await
     }
 
     /// The span named `name` of handling the record at `source` (a child of `parent`, the
@@ -409,26 +578,26 @@ impl Handler {
         source: Source<'_>,
         parent: &Context,
         refused: &Refused,
-        commit: impl FnOnce() -> bool,
-    ) -> Result<Handled> {
+        out: &mut Vec<OutRecord>,
+    ) -> Step {
         let cx = self.span(
             format_args!("refuse {} fence marker", self.reporter.connector),
             source,
             parent,
         );
         let detail = format!("fence marker: {refused}");
-        self.dead_letter(&cx, source, refused.code(), &detail)?;
-        commit();
-        Ok(Handled::DeadLettered)
+        out.push(self.dead_letter(&cx, source, refused.code(), &detail));
+        done(&cx, Handled::DeadLettered)
     }
 
+    /// The dead letter of the record at `source`, refused for `reason`.
     fn dead_letter(
         &self,
         cx: &Context,
         source: Source<'_>,
         reason: &str,
         detail: &str,
-    ) -> Result<()> {
+    ) -> OutRecord {
         self.telemetry.refused.inc(&[reason]);
         cx.span()
             .set_attribute(KeyValue::new("airlock.dead_letter", reason.to_owned()));
@@ -440,8 +609,24 @@ impl Handler {
         );
         let mut record = self.reporter.dead_letter(source, reason, detail);
         record.headers.extend(trace::inject(cx));
-        self.producer.send_phased(&[record])?;
-        Ok(())
+        record
+    }
+}
+
+/// Ends the span of a command finished in phase one.
+fn done(cx: &Context, handled: Handled) -> Step {
+    cx.span().end();
+    Step::Done(handled)
+}
+
+/// The attempt a dispatch command starts.
+fn attempt_of(cmd: &DispatchCommand, partition: i32) -> Attempt<'_> {
+    Attempt {
+        operation_key: &cmd.operation_key,
+        epoch: cmd.epoch,
+        partition,
+        owner_epoch: cmd.owner_epoch,
+        round: None,
     }
 }
 

@@ -5,11 +5,13 @@
 //! partition (`started`), reads the group's committed offset, and reads the dispatch partition
 //! from its beginning: records before the committed offset only teach the fence filter the
 //! owner-epoch markers (fence 1 needs the highest marker, wherever it is); records from the
-//! committed offset on are handled one at a time (`handle`). On losing a partition its state
+//! committed offset on are handled in batches of up to `connector.max_in_flight` (`handle`:
+//! started together, committed together, called concurrently). On losing a partition its state
 //! is dropped. A claim that fails transiently (a broker down, a leader moving) does not stop
 //! the worker: it drops the assignment, leaves the group and joins again after a pause that
-//! doubles with each failure in a row (2 s to 30 s); only fatal errors stop it. SIGTERM/SIGINT stop after the record at hand (a call in flight finishes, bounded
-//! by its timeout), then the worker leaves the group.
+//! doubles with each failure in a row (2 s to 30 s); only fatal errors stop it. SIGTERM and
+//! SIGINT stop after the batch at hand (its calls finish, each bounded by its timeout), then
+//! the worker leaves the group.
 //!
 //! Metrics, liveness and readiness (`telemetry`) are served on `telemetry.listen` when set.
 
@@ -25,13 +27,13 @@ use airlock_processor::runtime::wire::{self, Admit, BARRIER_KIND, FenceFilter, h
 use airlock_processor::telemetry::server::{self, Server};
 use airlock_schemas::{Codec, OutcomeKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::message::Headers;
+use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::check::Checker;
 use super::config::{self, Config};
-use super::handle::{Handled, Handler, Record};
+use super::handle::{Handled, Handler, Job, Record, Step};
 use super::report::{Reporter, Source};
 use super::started::{self, Started};
 use super::telemetry::Telemetry;
@@ -108,6 +110,8 @@ struct Owned {
 struct Shared {
     owned: BTreeMap<i32, Owned>,
     fatal: Option<Error>,
+    /// Counts rebalances: a batch gathered across one is dropped.
+    generation: u64,
     /// After a claim failed transiently the worker owns nothing, leaves its group and joins
     /// again after a pause, so that the partitions are assigned anew.
     rejoin: Rejoin,
@@ -137,6 +141,7 @@ impl ConsumerContext for Ctx {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
+        shared.generation += 1;
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 match self.assign(consumer, &mut shared, tpl) {
@@ -325,6 +330,7 @@ fn run_loop(
     let shared = Arc::new(Mutex::new(Shared {
         owned: BTreeMap::new(),
         fatal: None,
+        generation: 0,
         rejoin: Rejoin::default(),
     }));
     let ctx = Ctx {
@@ -398,6 +404,10 @@ fn run_loop(
 
     let mut filter = FenceFilter::default();
     let mut summary = Summary::default();
+    let mut count = |handled: Handled| {
+        summary.count(handled);
+        telemetry.handled(handled);
+    };
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.health.beat();
         if lock(&shared).rejoin.due() {
@@ -405,103 +415,118 @@ fn run_loop(
             consumer.unsubscribe();
             consumer.subscribe(&[dispatch.as_str()])?;
         }
-        let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
+        let batch = gather(&consumer, &shared, c.max_in_flight, telemetry)?;
+        if batch.is_empty() {
             continue;
-        };
-        if let Some(e) = lock(&shared).fatal.take() {
-            return Err(e);
         }
-        let message = match polled {
-            Ok(m) => m,
-            Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
-                return Err(e.into());
+        // Phase one, in the order read. The rebalance callback runs only inside `poll`, so
+        // the owned partitions stay as they are until the next batch.
+        let mut out = Vec::new();
+        let mut jobs = Vec::new();
+        let mut commits: BTreeMap<i32, i64> = BTreeMap::new();
+        {
+            let mut shared = lock(&shared);
+            for message in &batch {
+                let (partition, offset) = (message.partition(), message.offset());
+                let headers: Vec<(&str, &[u8])> = message
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key, h.value.unwrap_or_default()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let parent = airlock_processor::telemetry::trace::extract(headers.iter().copied());
+                let barrier = headers
+                    .iter()
+                    .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
+                // A fence marker raises the fence only once its capability verifies.
+                let forged_marker = wire::marker_epoch(headers.iter().copied()).and_then(|epoch| {
+                    // The last one, as for every header a reader takes.
+                    let capability = headers
+                        .iter()
+                        .rev()
+                        .find(|(k, _)| *k == header::CAPABILITY)
+                        .map(|(_, v)| *v);
+                    handler
+                        .checker
+                        .authorize_fence(&dispatch, partition, epoch, capability)
+                        .err()
+                });
+                let admit = if barrier || forged_marker.is_some() {
+                    None
+                } else {
+                    Some(filter.admit(&dispatch, partition, headers.iter().copied()))
+                };
+                let Some(owned) = shared.owned.get_mut(&partition) else {
+                    continue;
+                };
+                if offset < owned.next {
+                    continue;
+                }
+                owned.next = offset + 1;
+                commits.insert(partition, offset + 1);
+                let source = Source {
+                    topic: &dispatch,
+                    partition,
+                    offset,
+                    key: message.key(),
+                    payload: message.payload(),
+                };
+                let step = if let Some(refused) = &forged_marker {
+                    handler.refuse_marker(source, &parent, refused, &mut out)
+                } else {
+                    match admit {
+                        None | Some(Admit::Marker(_)) => continue,
+                        Some(Admit::Fenced { owner_epoch, fence }) => {
+                            log::warn!(
+                                "{dispatch} partition {partition} offset {offset}: written by \
+                                 owner epoch {owner_epoch} behind the fence {fence}; ignored"
+                            );
+                            Step::Done(Handled::Fenced)
+                        }
+                        Some(Admit::Accept) => {
+                            let record = Record {
+                                source,
+                                fence: filter.fence(&dispatch, partition),
+                                parent: &parent,
+                            };
+                            handler.prepare(record, &mut owned.started, &mut out)
+                        }
+                    }
+                };
+                match step {
+                    Step::Done(handled) => count(handled),
+                    Step::Later(job) => jobs.push(*job),
+                }
             }
-            Err(e) => {
-                telemetry.consumer_error(&e);
-                continue;
-            }
-        };
-        let (partition, offset) = (message.partition(), message.offset());
-        let headers: Vec<(&str, &[u8])> = message
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| (h.key, h.value.unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let parent = airlock_processor::telemetry::trace::extract(headers.iter().copied());
-        let barrier = headers
-            .iter()
-            .any(|(k, v)| *k == header::KIND && *v == BARRIER_KIND.as_bytes());
-        // A fence marker raises the fence only once its capability verifies.
-        let forged_marker = wire::marker_epoch(headers.iter().copied()).and_then(|epoch| {
-            // The last one, as for every header a reader takes.
-            let capability = headers
-                .iter()
-                .rev()
-                .find(|(k, _)| *k == header::CAPABILITY)
-                .map(|(_, v)| *v);
-            handler
-                .checker
-                .authorize_fence(&dispatch, partition, epoch, capability)
-                .err()
-        });
-        let admit = if barrier || forged_marker.is_some() {
-            None
-        } else {
-            Some(filter.admit(&dispatch, partition, headers.iter().copied()))
-        };
-        // The partition's state leaves the map while its record is handled: the rebalance
-        // callback runs only inside `poll`, never meanwhile.
-        let Some(mut owned) = lock(&shared).owned.remove(&partition) else {
+        }
+        if commits.is_empty() {
             continue;
-        };
-        let handled = if offset < owned.next {
-            None
-        } else if let Some(refused) = &forged_marker {
-            owned.next = offset + 1;
-            let source = Source {
-                topic: &dispatch,
-                partition,
-                offset,
-                key: message.key(),
-                payload: message.payload(),
-            };
-            let commit = || commit_sync(&consumer, &dispatch, partition, offset + 1);
-            Some(handler.refuse_marker(source, &parent, refused, commit)?)
-        } else {
-            owned.next = offset + 1;
-            match admit {
-                None | Some(Admit::Marker(_)) => None,
-                Some(Admit::Fenced { owner_epoch, fence }) => {
-                    log::warn!(
-                        "{dispatch} partition {partition} offset {offset}: written by owner epoch \
-                         {owner_epoch} behind the fence {fence}; ignored"
-                    );
-                    Some(Handled::Fenced)
-                }
-                Some(Admit::Accept) => {
-                    let record = Record {
-                        source: Source {
-                            topic: &dispatch,
-                            partition,
-                            offset,
-                            key: message.key(),
-                            payload: message.payload(),
-                        },
-                        fence: filter.fence(&dispatch, partition),
-                        parent: &parent,
-                    };
-                    let commit = || commit_sync(&consumer, &dispatch, partition, offset + 1);
-                    Some(handler.handle(record, &mut owned.started, commit)?)
-                }
+        }
+        // Started (and dead letters written) before the commit; called only after it.
+        if !out.is_empty() {
+            producer.send_phased(&out)?;
+        }
+        if !commit_sync(&consumer, &dispatch, &commits) {
+            let (calls, lookups): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(Job::is_call);
+            for job in calls {
+                count(handler.abandon(job));
             }
-        };
-        lock(&shared).owned.insert(partition, owned);
-        if let Some(handled) = handled {
-            summary.count(handled);
-            telemetry.handled(handled);
+            jobs = lookups;
+        }
+        if jobs.is_empty() {
+            continue;
+        }
+        let finished = handler.execute_all(jobs)?;
+        let mut shared = lock(&shared);
+        for f in finished {
+            if let (Some((key, epoch)), Some(owned)) =
+                (&f.unsent, shared.owned.get_mut(&f.partition))
+            {
+                owned.started.record_unsent(key, *epoch);
+            }
+            count(f.handled);
         }
     }
 
@@ -513,17 +538,58 @@ fn run_loop(
     Ok(summary)
 }
 
-/// Commits `offset` of the dispatch partition synchronously: true when the group took it.
-fn commit_sync(consumer: &BaseConsumer<Ctx>, topic: &str, partition: i32, offset: i64) -> bool {
+/// Up to `max` records: waits at most 200 ms for the first, not at all for the rest. A
+/// rebalance while gathering drops what was gathered before it: the new assignment reads its
+/// partitions from their beginning again.
+fn gather<'c>(
+    consumer: &'c BaseConsumer<Ctx>,
+    shared: &Mutex<Shared>,
+    max: usize,
+    telemetry: &Telemetry,
+) -> Result<Vec<BorrowedMessage<'c>>> {
+    let mut batch = Vec::new();
+    let mut generation = lock(shared).generation;
+    let mut wait = Duration::from_millis(200);
+    while batch.len() < max {
+        let Some(polled) = consumer.poll(wait) else {
+            break;
+        };
+        wait = Duration::ZERO;
+        {
+            let mut shared = lock(shared);
+            if let Some(e) = shared.fatal.take() {
+                return Err(e);
+            }
+            if shared.generation != generation {
+                generation = shared.generation;
+                batch.clear();
+            }
+        }
+        match polled {
+            Ok(m) => batch.push(m),
+            Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
+                return Err(e.into());
+            }
+            Err(e) => telemetry.consumer_error(&e),
+        }
+    }
+    Ok(batch)
+}
+
+/// Commits the offsets of the dispatch partitions synchronously: true when the group took
+/// them all.
+fn commit_sync(consumer: &BaseConsumer<Ctx>, topic: &str, offsets: &BTreeMap<i32, i64>) -> bool {
     let mut tpl = TopicPartitionList::new();
-    if let Err(e) = tpl.add_partition_offset(topic, partition, Offset::Offset(offset)) {
-        log::error!("committing {topic} partition {partition} offset {offset}: {e}");
-        return false;
+    for (&partition, &offset) in offsets {
+        if let Err(e) = tpl.add_partition_offset(topic, partition, Offset::Offset(offset)) {
+            log::error!("committing {topic} partition {partition} offset {offset}: {e}");
+            return false;
+        }
     }
     match consumer.commit(&tpl, CommitMode::Sync) {
         Ok(()) => true,
         Err(e) => {
-            log::error!("committing {topic} partition {partition} offset {offset}: {e}");
+            log::error!("committing {topic} offsets {offsets:?}: {e}");
             false
         }
     }
