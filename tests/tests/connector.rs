@@ -274,6 +274,69 @@ async fn a_worker_calls_a_backlog_at_once_and_each_refund_commits_once() -> anyh
     Ok(())
 }
 
+/// The line of the worker's log that reports the outcome of `attempt` (`key#epoch`).
+fn outcome_line(worker_log: &PathBuf, attempt: &str) -> Option<usize> {
+    let needle = format!("worker::handle: {attempt}: ");
+    std::fs::read_to_string(worker_log)
+        .unwrap_or_default()
+        .lines()
+        .position(|l| {
+            l.split_once(&needle).is_some_and(|(_, what)| {
+                ["COMMITTED", "FAILED", "UNKNOWN"]
+                    .iter()
+                    .any(|k| what.starts_with(k))
+            })
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_holds_one_slot_and_the_commands_after_it_go_on() -> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = signed_airlock("conn-slow", &keys).await?;
+    let (ledger_log, worker_log) = (log_file("slow", "ledger"), log_file("slow", "worker"));
+    let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
+    let slow = "refund:slow-1";
+    ledger.arm("delay=5000", slow).await?;
+    let processor = a.spawn("p1")?;
+    let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
+    let producer = a.producer()?;
+    let first = sample::refund(slow, 700, now_ms());
+    a.send(&producer, &a.names.proposals(), slow, &first)
+        .await?;
+    eventually("the slow call under way", WAIT, async || {
+        let log = std::fs::read_to_string(&worker_log)?;
+        Ok(log
+            .contains(&format!("{slow}#1: started; calling"))
+            .then_some(()))
+    })
+    .await?;
+    // Read after the slow command, on its partition and the other one.
+    let after: Vec<_> = (0..6)
+        .map(|i| sample::refund(&format!("refund:after-slow-{i}"), 100 + i, now_ms()))
+        .collect();
+    a.send_many(&producer, &a.names.proposals(), &after, |p| {
+        p.operation_key.as_str()
+    })
+    .await?;
+    for p in after.iter().chain([&first]) {
+        settled(&a, &p.operation_key, &[&worker_log, &ledger_log]).await?;
+        assert_eq!(ledger.effects_for(&p.operation_key).await?, 1);
+    }
+    let slow_line = outcome_line(&worker_log, &format!("{slow}#1"));
+    for p in &after {
+        let line = outcome_line(&worker_log, &format!("{}#1", p.operation_key));
+        assert!(
+            line.is_some() && line < slow_line,
+            "{} was reported at line {line:?} of the worker's log, the slow call at {slow_line:?}: \
+             the commands after a slow call waited for it",
+            p.operation_key
+        );
+    }
+    assert!(worker.stop()?);
+    processor.stop()?;
+    Ok(())
+}
+
 /// A dispatch command for `key` as the processor would issue it, signed by `key_by`.
 fn command(
     key: &str,

@@ -16,7 +16,7 @@
 //! | `connector.reserve_ms` | `AIRLOCK_CONNECTOR_RESERVE_MS` | `500` |
 //! | `connector.reconcile_timeout_ms` | `AIRLOCK_CONNECTOR_RECONCILE_TIMEOUT_MS` | `10000` |
 //! | `connector.max_evidence_bytes` | `AIRLOCK_CONNECTOR_MAX_EVIDENCE_BYTES` | `4096` |
-//! | `connector.max_in_flight` (commands read, started and called together: 1 to 1024) | `AIRLOCK_CONNECTOR_MAX_IN_FLIGHT` | `32` |
+//! | `connector.max_in_flight` (commands started and not yet reported: calls in flight at once, 1 to 1024) | `AIRLOCK_CONNECTOR_MAX_IN_FLIGHT` | `32` |
 //! | `capability.verifying_key_files` | `AIRLOCK_CONNECTOR_VERIFYING_KEY_FILES` (comma separated) | none |
 //! | `capability.allow_unsigned` | `AIRLOCK_CONNECTOR_ALLOW_UNSIGNED` | `false` |
 //! | `capability.signing_key_file` (this connector's workers' own key: signs their outcomes) | `AIRLOCK_CONNECTOR_SIGNING_KEY_FILE` | empty: outcomes unsigned |
@@ -82,9 +82,9 @@ pub struct Connector {
     pub group_id: String,
     /// How long the group waits for a silent worker before handing its partitions over.
     pub session_timeout_ms: u64,
-    /// How long a worker may stay out of `poll` (one batch: its calls run at once, so about
-    /// the longest of them): above the largest attempt timeout cap of the tools, or the group
-    /// evicts busy workers.
+    /// How long a worker may stay out of `poll`: with every `max_in_flight` slot taken it
+    /// waits for a call to end, so keep this above the largest attempt timeout cap of the
+    /// tools, or the group evicts busy workers.
     pub max_poll_interval_ms: u64,
     /// Kept free before a command's attempt deadline: the outcome must still reach the
     /// processor before it declares the attempt UNKNOWN.
@@ -93,10 +93,10 @@ pub struct Connector {
     pub reconcile_timeout_ms: u64,
     /// Evidence (downstream answers, errors) is cut to this many bytes.
     pub max_evidence_bytes: usize,
-    /// At most this many commands are read, started and called together: one acknowledgement
-    /// wait and one offset commit for the batch, and this many calls in flight downstream at
-    /// once (the calls of one operation key still one after the other). 1 handles one command
-    /// at a time.
+    /// At most this many commands started and not yet reported: this many calls in flight
+    /// downstream at once (those of one operation key one after the other), and commands
+    /// read together share one acknowledgement wait and one offset commit. 1 handles one
+    /// command at a time.
     pub max_in_flight: usize,
 }
 

@@ -1,5 +1,5 @@
-//! Commands, in batches (DESIGN.md section 7). The worker reads up to
-//! `connector.max_in_flight` records and handles them in two phases. Phase one
+//! Commands, in two phases (DESIGN.md section 7). The worker reads what it has room for (at
+//! most `connector.max_in_flight` commands started and not yet reported). Phase one
 //! ([`Handler::prepare`]), record by record in the order read, for a dispatch:
 //!
 //! 1. refuse what must not run (dead letter, never an outcome): undecodable, misplaced,
@@ -14,19 +14,21 @@
 //!    an owner epoch behind the partition's fence (fence 1);
 //! 3. write `ATTEMPT_STARTED`.
 //!
-//! Then the worker produces the batch's `ATTEMPT_STARTED` records and dead letters and waits
-//! for their acknowledgement, and commits the offsets past the batch synchronously: a worker
-//! that lost a partition fails here and calls nothing for it. Phase two
-//! ([`Handler::execute_all`]) runs the started calls at once (the calls of one operation key
-//! one after the other, in the order read):
+//! Then the worker produces the records read together (their `ATTEMPT_STARTED` and dead
+//! letters) and waits for their acknowledgement, and commits the offsets past them
+//! synchronously: a worker that lost a partition fails here and calls nothing for it. Phase
+//! two ([`Handler::spawn`]) runs in the background while the worker reads on, each command on
+//! its own (the commands of one operation key one after the other, in the order read):
 //!
 //! 4. call downstream once with `timeout = min(attempt_timeout_ms, attempt_deadline_at - now -
 //!    reserve_ms)` (no time left: no call, FAILED "not called");
 //! 5. produce COMMITTED, FAILED or UNKNOWN with bounded evidence as soon as the call ends.
 //!
-//! A batch costs three waits on the broker (the starts, the commit, the outcomes) whatever its
-//! size, where one command at a time paid them per command: under a burst that is what keeps
-//! commands from expiring in the queue.
+//! Records read together wait on the broker twice (their starts' acknowledgement, the commit)
+//! whatever their number, and outcomes are acknowledged in the background, where one command
+//! at a time paid three waits per command: under a burst that is what keeps commands from
+//! expiring in the queue. A slow call holds one slot, not the worker: the other commands, of
+//! every partition, go on.
 //!
 //! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
 //! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN; for an attempt this connector
@@ -39,7 +41,7 @@
 //! writes carry that span's context, so the processor's settlement joins the same trace, and
 //! the downstream call carries it as its own `traceparent` header.
 
-use std::collections::HashMap;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use airlock_processor::capability::Refused;
@@ -47,8 +49,6 @@ use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::wire::OutRecord;
 use airlock_processor::telemetry::trace;
 use airlock_schemas::{DispatchCommand, OutcomeKind, ReconcileCommand};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
@@ -90,7 +90,7 @@ pub struct Handler {
     pub reporter: Reporter,
     pub http: HttpConnector,
     pub producer: std::sync::Arc<Producer>,
-    /// Drives the downstream calls (the producer has its own).
+    /// Runs the calls and lookups, and waits for their outcomes' acknowledgements.
     pub runtime: tokio::runtime::Runtime,
     pub reserve_ms: i64,
     pub reconcile_timeout: Duration,
@@ -160,9 +160,11 @@ impl Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finished {
     pub partition: i32,
+    pub operation_key: String,
+    pub epoch: i64,
     pub handled: Handled,
-    /// The operation key and epoch of a started attempt failed without a call.
-    pub unsent: Option<(String, i64)>,
+    /// A started attempt failed without a call.
+    pub unsent: bool,
 }
 
 pub fn wall_ms() -> i64 {
@@ -175,7 +177,7 @@ impl Handler {
     /// Phase one of an accepted (not fenced by its header) record: checks it, and starts it
     /// when it is a dispatch (its `ATTEMPT_STARTED` goes to `out`, as does a dead letter). The
     /// caller produces `out`, commits the offset past the record, and only then runs the
-    /// returned job ([`Self::execute_all`]).
+    /// returned job ([`Self::spawn`]).
     pub fn prepare(
         &self,
         record: Record<'_>,
@@ -342,46 +344,20 @@ impl Handler {
         Handled::Abandoned
     }
 
-    /// Phase two: runs `jobs` (their offsets committed) at once, each outcome produced as
-    /// soon as its job ends; the jobs of one operation key run one after the other, in the
-    /// order read. Returns once every outcome is acknowledged.
-    pub fn execute_all(&self, jobs: Vec<Job>) -> Result<Vec<Finished>> {
-        let mut chains: Vec<Vec<Job>> = Vec::new();
-        let mut chain_of: HashMap<String, usize> = HashMap::new();
-        for job in jobs {
-            let i = *chain_of
-                .entry(job.operation_key().to_owned())
-                .or_insert_with(|| {
-                    chains.push(Vec::new());
-                    chains.len() - 1
-                });
-            chains[i].push(job);
-        }
-        let mut flights = Vec::new();
-        let mut finished = Vec::new();
-        self.runtime.block_on(async {
-            let mut running: FuturesUnordered<_> = chains
-                .into_iter()
-                .map(|chain| async move {
-                    let mut ended = Vec::with_capacity(chain.len());
-                    for job in chain {
-                        ended.push(self.execute(job).await);
-                    }
-                    ended
-                })
-                .collect();
-            while let Some(ended) = running.next().await {
-                for (f, outcome) in ended {
-                    flights.push(self.producer.send(&[&outcome])?);
-                    finished.push(f);
-                }
-            }
-            Ok::<_, produce::Error>(())
-        })?;
-        for mut flight in flights {
-            flight.wait(&self.producer)?;
-        }
-        Ok(finished)
+    /// Phase two of one command: runs `job` (its offset committed) on the handler's runtime
+    /// and produces its outcome as soon as the call (or lookup) ends; once the outcome is
+    /// acknowledged (or could not be produced), `ended` hears of it.
+    pub fn spawn(self: &Arc<Self>, job: Job, ended: mpsc::Sender<Result<Finished>>) {
+        let handler = self.clone();
+        self.runtime.spawn(async move {
+            let (finished, outcome) = handler.execute(job).await;
+            let acknowledged = match handler.producer.send(&[&outcome]) {
+                Ok(mut flight) => flight.acknowledged().await,
+                Err(e) => Err(e),
+            };
+            // The loop left (a fatal error elsewhere) and no longer counts: nothing to tell.
+            let _ = ended.send(acknowledged.map(|()| finished));
+        });
     }
 
     /// One job: the call (or lookup) and the outcome record reporting it.
@@ -416,9 +392,7 @@ impl Handler {
                         .unwrap_or_default(),
                     first_line(&observation.evidence)
                 );
-                let unsent = observation
-                    .was_not_called()
-                    .then(|| (cmd.operation_key.clone(), cmd.epoch));
+                let unsent = observation.was_not_called();
                 let (_, mut outcome) = self.reporter.outcome(
                     attempt_of(&cmd, partition),
                     kind,
@@ -427,11 +401,12 @@ impl Handler {
                     wall_ms(),
                 );
                 outcome.headers.extend(context);
-                let handled = Handled::Executed(kind);
                 (
                     Finished {
                         partition,
-                        handled,
+                        operation_key: cmd.operation_key,
+                        epoch: cmd.epoch,
+                        handled: Handled::Executed(kind),
                         unsent,
                     },
                     outcome,
@@ -483,8 +458,10 @@ impl Handler {
                 (
                     Finished {
                         partition,
+                        operation_key: cmd.operation_key,
+                        epoch: cmd.epoch,
                         handled: Handled::Reconciled(kind),
-                        unsent: None,
+                        unsent: false,
                     },
                     outcome,
                 )

@@ -15,9 +15,11 @@
 //!
 //! Metrics, liveness and readiness (`telemetry`) are served on `telemetry.listen` when set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::RefCell;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use airlock_processor::runtime::produce::{self, Producer};
@@ -33,7 +35,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::check::Checker;
 use super::config::{self, Config};
-use super::handle::{Handled, Handler, Job, Record, Step};
+use super::handle::{self, Finished, Handled, Handler, Job, Record, Step};
 use super::report::{Reporter, Source};
 use super::started::{self, Started};
 use super::telemetry::Telemetry;
@@ -250,6 +252,72 @@ impl Ctx {
     }
 }
 
+/// The commands started and not yet reported: at most `max`, those waiting for an earlier
+/// command of their operation key included.
+struct Running {
+    max: usize,
+    count: usize,
+    /// Per operation key with a command running, those read after it and waiting for it.
+    waiting: HashMap<String, VecDeque<Job>>,
+    ended_tx: mpsc::Sender<handle::Result<Finished>>,
+    ended_rx: mpsc::Receiver<handle::Result<Finished>>,
+}
+
+impl Running {
+    fn new(max: usize) -> Self {
+        let (ended_tx, ended_rx) = mpsc::channel();
+        Running {
+            max,
+            count: 0,
+            waiting: HashMap::new(),
+            ended_tx,
+            ended_rx,
+        }
+    }
+
+    fn free(&self) -> usize {
+        self.max.saturating_sub(self.count)
+    }
+
+    /// Runs `job` now, or after the command of its key that runs already.
+    fn start(&mut self, handler: &Arc<Handler>, job: Job) {
+        self.count += 1;
+        match self.waiting.entry(job.operation_key().to_owned()) {
+            Entry::Occupied(mut waiting) => waiting.get_mut().push_back(job),
+            Entry::Vacant(slot) => {
+                slot.insert(VecDeque::new());
+                handler.spawn(job, self.ended_tx.clone());
+            }
+        }
+    }
+
+    /// The next command that ended, waiting at most `wait` for one; the next one of its key
+    /// starts.
+    fn ended(
+        &mut self,
+        handler: &Arc<Handler>,
+        wait: Duration,
+    ) -> Option<handle::Result<Finished>> {
+        let ended = if wait.is_zero() {
+            self.ended_rx.try_recv().ok()?
+        } else {
+            self.ended_rx.recv_timeout(wait).ok()?
+        };
+        self.count -= 1;
+        if let Ok(f) = &ended
+            && let Entry::Occupied(mut waiting) = self.waiting.entry(f.operation_key.clone())
+        {
+            match waiting.get_mut().pop_front() {
+                Some(next) => handler.spawn(next, self.ended_tx.clone()),
+                None => {
+                    waiting.remove();
+                }
+            }
+        }
+        Some(ended)
+    }
+}
+
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared
         .lock()
@@ -366,7 +434,7 @@ fn run_loop(
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     consumer.subscribe(&[dispatch.as_str()])?;
 
-    let handler = Handler {
+    let handler = Arc::new(Handler {
         checker: Checker {
             connector: c.name.clone(),
             partitions: config.topics.partitions,
@@ -383,14 +451,17 @@ fn run_loop(
         },
         http,
         producer: producer.clone(),
-        runtime: tokio::runtime::Builder::new_current_thread()
+        // The calls wait on the network, not the CPU: two threads drive every one in flight.
+        runtime: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("airlock-calls")
             .enable_all()
             .build()
             .map_err(Error::Runtime)?,
         reserve_ms: c.reserve_ms as i64,
         reconcile_timeout: Duration::from_millis(c.reconcile_timeout_ms),
         telemetry: telemetry.clone(),
-    };
+    });
     if config.capability.allow_unsigned {
         log::warn!("allow_unsigned = true: commands without a capability are executed");
     }
@@ -403,19 +474,45 @@ fn run_loop(
     );
 
     let mut filter = FenceFilter::default();
-    let mut summary = Summary::default();
-    let mut count = |handled: Handled| {
-        summary.count(handled);
+    let summary = RefCell::new(Summary::default());
+    let count = |handled: Handled| {
+        summary.borrow_mut().count(handled);
         telemetry.handled(handled);
     };
+    // A job that ended: what it learnt goes to its partition's started attempts, if this
+    // worker still owns it (a partition taken again rebuilt them from the outcomes).
+    let finished = |f: Finished| {
+        if f.unsent
+            && let Some(owned) = lock(&shared).owned.get_mut(&f.partition)
+        {
+            owned.started.record_unsent(&f.operation_key, f.epoch);
+        }
+        count(f.handled);
+    };
+    let mut running = Running::new(c.max_in_flight);
     while !shutdown.load(Ordering::Relaxed) {
         telemetry.health.beat();
+        telemetry.in_flight.set(&[], running.count as f64);
         if lock(&shared).rejoin.due() {
             log::info!("worker {worker_id}: joining the group of {dispatch} again");
             consumer.unsubscribe();
             consumer.subscribe(&[dispatch.as_str()])?;
         }
-        let batch = gather(&consumer, &shared, c.max_in_flight, telemetry)?;
+        // Every slot taken: wait for one (the consumer is not polled meanwhile, for at most
+        // one call's timeout; heartbeats go on in librdkafka's thread).
+        let mut wait = if running.free() == 0 {
+            Duration::from_millis(200)
+        } else {
+            Duration::ZERO
+        };
+        while let Some(ended) = running.ended(&handler, wait) {
+            finished(ended?);
+            wait = Duration::ZERO;
+        }
+        if running.free() == 0 {
+            continue;
+        }
+        let batch = gather(&consumer, &shared, running.free(), telemetry)?;
         if batch.is_empty() {
             continue;
         }
@@ -515,21 +612,23 @@ fn run_loop(
             }
             jobs = lookups;
         }
-        if jobs.is_empty() {
-            continue;
-        }
-        let finished = handler.execute_all(jobs)?;
-        let mut shared = lock(&shared);
-        for f in finished {
-            if let (Some((key, epoch)), Some(owned)) =
-                (&f.unsent, shared.owned.get_mut(&f.partition))
-            {
-                owned.started.record_unsent(key, *epoch);
-            }
-            count(f.handled);
+        for job in jobs {
+            running.start(&handler, job);
         }
     }
 
+    if running.count > 0 {
+        log::info!(
+            "worker {worker_id}: waiting for {} commands in flight",
+            running.count
+        );
+    }
+    while running.count > 0 {
+        if let Some(ended) = running.ended(&handler, Duration::from_secs(1)) {
+            finished(ended?);
+        }
+    }
+    let summary = summary.into_inner();
     log::info!("worker {worker_id}: stopping ({summary:?})");
     telemetry.health.stopping();
     consumer.unsubscribe();

@@ -8,10 +8,12 @@
 //! | `airlock_connector_refused_total` | counter | `reason` | commands dead-lettered, by refusal (`FORGED`, `UNSIGNED`, `ARGUMENTS_ALTERED`, ...) |
 //! | `airlock_connector_call_duration_seconds` | histogram | `call`, `result` | one downstream exchange: `execute` or `reconcile`, by what it proved |
 //! | `airlock_connector_partitions_owned` | gauge | | dispatch partitions this worker owns |
+//! | `airlock_connector_in_flight` | gauge | | commands started and not yet reported (at most `connector.max_in_flight`) |
 //! | `airlock_connector_consumer_errors_total` | counter | `code` | errors the dispatch consumer reported (librdkafka's code) |
 //!
-//! Liveness fails when the loop made no progress for `telemetry.stall_after_ms` (keep it above
-//! every tool's attempt timeout cap: a call in flight is not progress); readiness waits until
+//! Liveness fails when the loop made no progress for `telemetry.stall_after_ms` (calls run
+//! beside the loop, which goes on while they wait; a claim rebuilding its partitions' started
+//! attempts, or a broker that does not acknowledge, stalls it); readiness waits until
 //! the started attempts of every assigned partition are rebuilt from the outcomes, and fails
 //! for a minute after the dispatch consumer reported an error (a deleted or unauthorized
 //! topic, an unreachable coordinator) while the loop goes on.
@@ -32,6 +34,7 @@ pub struct Telemetry {
     pub refused: Arc<Counter>,
     pub call_duration: Arc<Histogram>,
     pub partitions_owned: Arc<Gauge>,
+    pub in_flight: Arc<Gauge>,
     pub consumer_errors: Arc<Counter>,
     pub health: Health,
 }
@@ -65,6 +68,11 @@ impl Telemetry {
             partitions_owned: r.gauge(
                 "airlock_connector_partitions_owned",
                 "Dispatch partitions this worker owns.",
+                &[],
+            ),
+            in_flight: r.gauge(
+                "airlock_connector_in_flight",
+                "Commands started and not yet reported.",
                 &[],
             ),
             consumer_errors: r.counter(

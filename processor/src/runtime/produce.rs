@@ -327,13 +327,17 @@ impl InFlight {
 
     /// Waits until every record is acknowledged; the first failed delivery is the error.
     pub fn wait(&mut self, producer: &Producer) -> Result<()> {
-        producer.runtime.block_on(async {
-            while let Some((_, _, future)) = self.pending.get_mut(self.next) {
-                let delivered = future.await;
-                self.delivered(delivered)?;
-            }
-            Ok(())
-        })
+        producer.runtime.block_on(self.acknowledged())
+    }
+
+    /// [`wait`](Self::wait) for async code (any runtime): resolves once every record is
+    /// acknowledged; the first failed delivery is the error.
+    pub async fn acknowledged(&mut self) -> Result<()> {
+        while let Some((_, _, future)) = self.pending.get_mut(self.next) {
+            let delivered = future.await;
+            self.delivered(delivered)?;
+        }
+        Ok(())
     }
 
     /// The acknowledged offsets, once every record is acknowledged.
