@@ -292,11 +292,22 @@ fn outcome_line(worker_log: &PathBuf, attempt: &str) -> Option<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_call_holds_one_slot_and_the_commands_after_it_go_on() -> anyhow::Result<()> {
     let keys = Keys::generate()?;
-    let a = signed_airlock("conn-slow", &keys).await?;
+    // The registry's attempt caps (10 minutes): a loaded machine's delays never expire the
+    // slow attempt or the ones after it.
+    let a = Airlock::start_with(
+        "conn-slow",
+        PARTITIONS,
+        Options {
+            signing_key_file: Some(keys.signing_file.clone()),
+            signing_workers: true,
+            ..Options::default()
+        },
+    )
+    .await?;
     let (ledger_log, worker_log) = (log_file("slow", "ledger"), log_file("slow", "worker"));
     let ledger = Ledger::start(&ACCOUNTS, &ledger_log)?;
     let slow = "refund:slow-1";
-    ledger.arm("delay=5000", slow).await?;
+    ledger.arm("delay=10000", slow).await?;
     let processor = a.spawn("p1")?;
     let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
     let producer = a.producer()?;

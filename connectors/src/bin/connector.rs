@@ -1,6 +1,6 @@
 //! The `airlock-connector` binary: one connector worker (see `airlock_connectors::worker`).
-//! SIGTERM or SIGINT stops it after the command at hand; a second signal exits at once (an
-//! attempt in flight then settles through reconciliation).
+//! SIGTERM or SIGINT stops it once the commands it started are reported; a second signal exits
+//! at once (an attempt in flight then settles through reconciliation).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,7 +46,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let shutdown = Arc::new(AtomicBool::new(false));
     signals::watch(
         shutdown.clone(),
-        "the command at hand",
+        "the commands started",
         "an attempt in flight settles through reconciliation",
     )
     .context("watching for SIGTERM/SIGINT")?;

@@ -83,8 +83,9 @@ pub struct Connector {
     /// How long the group waits for a silent worker before handing its partitions over.
     pub session_timeout_ms: u64,
     /// How long a worker may stay out of `poll`: with every `max_in_flight` slot taken it
-    /// waits for a call to end, so keep this above the largest attempt timeout cap of the
-    /// tools, or the group evicts busy workers.
+    /// waits for a call to end and its outcome to be acknowledged, so keep this above the
+    /// largest attempt timeout cap of the tools plus a margin, or the group evicts busy
+    /// workers.
     pub max_poll_interval_ms: u64,
     /// Kept free before a command's attempt deadline: the outcome must still reach the
     /// processor before it declares the attempt UNKNOWN.

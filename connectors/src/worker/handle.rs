@@ -16,7 +16,8 @@
 //!
 //! Then the worker produces the records read together (their `ATTEMPT_STARTED` and dead
 //! letters) and waits for their acknowledgement, and commits the offsets past them
-//! synchronously: a worker that lost a partition fails here and calls nothing for it. Phase
+//! synchronously: when the commit fails (a worker that lost a partition, typically), none of
+//! the calls read together is made; they settle through reconciliation. Phase
 //! two ([`Handler::spawn`]) runs in the background while the worker reads on, each command on
 //! its own (the commands of one operation key one after the other, in the order read):
 //!
@@ -33,8 +34,10 @@
 //! A reconcile command is a lookup by idempotency key, answered RECONCILED_COMMITTED,
 //! RECONCILED_FAILED (proven absent) or RECONCILED_UNKNOWN; for an attempt this connector
 //! started and failed before calling (learnt from the outcomes like the started epochs), it is
-//! answered RECONCILED_FAILED without a lookup. It runs in phase two like a call, and is
-//! answered even when the commit failed. Nothing is ever retried.
+//! answered RECONCILED_FAILED without a lookup. It runs in phase two like a call, after the
+//! commit, and is answered even when the commit failed; a worker that dies between the commit
+//! and the answer costs the attempt one reconciliation round (the processor asks again at the
+//! next). Nothing is ever retried.
 //!
 //! Each command is handled in a span whose parent is the trace context of the dispatch record
 //! (`traceparent`, written by the processor's decision): the outcomes and dead letters it
@@ -90,8 +93,10 @@ pub struct Handler {
     pub reporter: Reporter,
     pub http: HttpConnector,
     pub producer: std::sync::Arc<Producer>,
-    /// Runs the calls and lookups, and waits for their outcomes' acknowledgements.
-    pub runtime: tokio::runtime::Runtime,
+    /// The runtime that runs the calls and lookups and waits for their outcomes'
+    /// acknowledgements (owned by the worker's loop, which shuts it down before it lets go of
+    /// the handler).
+    pub runtime: tokio::runtime::Handle,
     pub reserve_ms: i64,
     pub reconcile_timeout: Duration,
     /// Refusals and call durations.
@@ -154,6 +159,22 @@ impl Job {
     pub fn is_call(&self) -> bool {
         matches!(self.work, Work::Call { .. })
     }
+}
+
+/// What became of a spawned job, for the loop that counts them.
+#[derive(Debug)]
+pub struct Ended {
+    pub operation_key: String,
+    pub result: std::result::Result<Finished, Failed>,
+}
+
+/// A job that did not end with its outcome acknowledged: the worker stops.
+#[derive(Debug, thiserror::Error)]
+pub enum Failed {
+    #[error(transparent)]
+    Produce(#[from] produce::Error),
+    #[error("the call task of {operation_key} failed: {why}")]
+    Task { operation_key: String, why: String },
 }
 
 /// A job that ended: its outcome is acknowledged.
@@ -344,19 +365,32 @@ impl Handler {
         Handled::Abandoned
     }
 
-    /// Phase two of one command: runs `job` (its offset committed) on the handler's runtime
-    /// and produces its outcome as soon as the call (or lookup) ends; once the outcome is
-    /// acknowledged (or could not be produced), `ended` hears of it.
-    pub fn spawn(self: &Arc<Self>, job: Job, ended: mpsc::Sender<Result<Finished>>) {
+    /// Phase two of one command: runs `job` (its offset committed) on the calls' runtime and
+    /// produces its outcome as soon as the call (or lookup) ends; once the outcome is
+    /// acknowledged, could not be produced, or the task panicked, `ended` hears of it (with
+    /// the operation key, so that the next command of that key can start).
+    pub fn spawn(self: &Arc<Self>, job: Job, ended: mpsc::Sender<Ended>) {
         let handler = self.clone();
-        self.runtime.spawn(async move {
+        let key = job.operation_key().to_owned();
+        let task = self.runtime.spawn(async move {
             let (finished, outcome) = handler.execute(job).await;
-            let acknowledged = match handler.producer.send(&[&outcome]) {
-                Ok(mut flight) => flight.acknowledged().await,
-                Err(e) => Err(e),
+            let mut flight = handler.producer.send(&[&outcome])?;
+            flight.acknowledged().await?;
+            Ok(finished)
+        });
+        self.runtime.spawn(async move {
+            let result = match task.await {
+                Ok(result) => result.map_err(Failed::Produce),
+                Err(e) => Err(Failed::Task {
+                    operation_key: key.clone(),
+                    why: e.to_string(),
+                }),
             };
             // The loop left (a fatal error elsewhere) and no longer counts: nothing to tell.
-            let _ = ended.send(acknowledged.map(|()| finished));
+            let _ = ended.send(Ended {
+                operation_key: key,
+                result,
+            });
         });
     }
 

@@ -8,7 +8,7 @@
 //! - [`check`]: decoding, placement and capability checks; refusals become dead letters.
 //! - [`started`]: the attempts started per key (fence 2), rebuilt from the outcomes.
 //! - [`report`]: outcome and dead-letter records with deterministic identities.
-//! - [`handle`]: one command, start to finish.
+//! - [`handle`]: the two phases of a command: checked and started, then called and reported.
 //! - [`run`](mod@run): the consumer group member, rebalances, the loop, graceful shutdown.
 //! - [`telemetry`]: its metrics, liveness and readiness.
 

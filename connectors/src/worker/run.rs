@@ -10,8 +10,8 @@
 //! is dropped. A claim that fails transiently (a broker down, a leader moving) does not stop
 //! the worker: it drops the assignment, leaves the group and joins again after a pause that
 //! doubles with each failure in a row (2 s to 30 s); only fatal errors stop it. SIGTERM and
-//! SIGINT stop after the batch at hand (its calls finish, each bounded by its timeout), then
-//! the worker leaves the group.
+//! SIGINT stop reading; every command started is still called and reported (each call bounded
+//! by its timeout), then the worker leaves the group.
 //!
 //! Metrics, liveness and readiness (`telemetry`) are served on `telemetry.listen` when set.
 
@@ -35,7 +35,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::check::Checker;
 use super::config::{self, Config};
-use super::handle::{self, Finished, Handled, Handler, Job, Record, Step};
+use super::handle::{self, Ended, Finished, Handled, Handler, Job, Record, Step};
 use super::report::{Reporter, Source};
 use super::started::{self, Started};
 use super::telemetry::Telemetry;
@@ -56,6 +56,8 @@ pub enum Error {
     Telemetry(#[from] server::Error),
     #[error("starting the HTTP runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Call(#[from] handle::Failed),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -252,6 +254,18 @@ impl Ctx {
     }
 }
 
+/// The runtime of the calls, shut down when dropped: the worker's calls stop with it (on a
+/// clean stop none is left; on a fatal error they are cut like a crash would cut them).
+struct CallRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for CallRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
 /// The commands started and not yet reported: at most `max`, those waiting for an earlier
 /// command of their operation key included.
 struct Running {
@@ -259,8 +273,8 @@ struct Running {
     count: usize,
     /// Per operation key with a command running, those read after it and waiting for it.
     waiting: HashMap<String, VecDeque<Job>>,
-    ended_tx: mpsc::Sender<handle::Result<Finished>>,
-    ended_rx: mpsc::Receiver<handle::Result<Finished>>,
+    ended_tx: mpsc::Sender<Ended>,
+    ended_rx: mpsc::Receiver<Ended>,
 }
 
 impl Running {
@@ -297,16 +311,14 @@ impl Running {
         &mut self,
         handler: &Arc<Handler>,
         wait: Duration,
-    ) -> Option<handle::Result<Finished>> {
+    ) -> Option<Result<Finished, handle::Failed>> {
         let ended = if wait.is_zero() {
             self.ended_rx.try_recv().ok()?
         } else {
             self.ended_rx.recv_timeout(wait).ok()?
         };
         self.count -= 1;
-        if let Ok(f) = &ended
-            && let Entry::Occupied(mut waiting) = self.waiting.entry(f.operation_key.clone())
-        {
+        if let Entry::Occupied(mut waiting) = self.waiting.entry(ended.operation_key) {
             match waiting.get_mut().pop_front() {
                 Some(next) => handler.spawn(next, self.ended_tx.clone()),
                 None => {
@@ -314,7 +326,7 @@ impl Running {
                 }
             }
         }
-        Some(ended)
+        Some(ended.result)
     }
 }
 
@@ -434,6 +446,13 @@ fn run_loop(
     let consumer: BaseConsumer<Ctx> = consumer_config.create_with_context(ctx)?;
     consumer.subscribe(&[dispatch.as_str()])?;
 
+    // The calls wait on the network, not the CPU: two threads drive every one in flight.
+    let calls = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("airlock-calls")
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)?;
     let handler = Arc::new(Handler {
         checker: Checker {
             connector: c.name.clone(),
@@ -451,17 +470,15 @@ fn run_loop(
         },
         http,
         producer: producer.clone(),
-        // The calls wait on the network, not the CPU: two threads drive every one in flight.
-        runtime: tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("airlock-calls")
-            .enable_all()
-            .build()
-            .map_err(Error::Runtime)?,
+        runtime: calls.handle().clone(),
         reserve_ms: c.reserve_ms as i64,
         reconcile_timeout: Duration::from_millis(c.reconcile_timeout_ms),
         telemetry: telemetry.clone(),
     });
+    // Declared after the handler, so dropped before it on every way out: the calls' tasks
+    // stop while this function still holds the handler (a task must never drop the last
+    // reference, whose producer owns a runtime of its own).
+    let _calls = CallRuntime(Some(calls));
     if config.capability.allow_unsigned {
         log::warn!("allow_unsigned = true: commands without a capability are executed");
     }
@@ -617,17 +634,22 @@ fn run_loop(
         }
     }
 
+    // Every command started is reported before the worker leaves (each call is bounded by its
+    // timeout, each outcome by the producer's delivery timeout).
     if running.count > 0 {
         log::info!(
-            "worker {worker_id}: waiting for {} commands in flight",
+            "worker {worker_id}: waiting for {} commands started and not yet reported",
             running.count
         );
     }
     while running.count > 0 {
-        if let Some(ended) = running.ended(&handler, Duration::from_secs(1)) {
+        telemetry.health.beat();
+        telemetry.in_flight.set(&[], running.count as f64);
+        if let Some(ended) = running.ended(&handler, Duration::from_millis(200)) {
             finished(ended?);
         }
     }
+    telemetry.in_flight.set(&[], 0.0);
     let summary = summary.into_inner();
     log::info!("worker {worker_id}: stopping ({summary:?})");
     telemetry.health.stopping();
@@ -650,10 +672,9 @@ fn gather<'c>(
     let mut generation = lock(shared).generation;
     let mut wait = Duration::from_millis(200);
     while batch.len() < max {
-        let Some(polled) = consumer.poll(wait) else {
-            break;
-        };
+        let polled = consumer.poll(wait);
         wait = Duration::ZERO;
+        // The rebalance callback runs inside `poll`, whether or not a record comes back.
         {
             let mut shared = lock(shared);
             if let Some(e) = shared.fatal.take() {
@@ -664,6 +685,9 @@ fn gather<'c>(
                 batch.clear();
             }
         }
+        let Some(polled) = polled else {
+            break;
+        };
         match polled {
             Ok(m) => batch.push(m),
             Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
