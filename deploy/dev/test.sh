@@ -3,7 +3,8 @@
 # clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous intra-doc
 # links), the Python and TypeScript clients' contract tests, and every test of the workspace
 # (among them the Python client, its MCP gateway and adapters, and the TypeScript client
-# against a live Airlock: tests/python_client.rs, tests/typescript_client.rs).
+# against a live Airlock: tests/python_client.rs, tests/typescript_client.rs), then a minute of
+# fuzzing per fuzz target (fuzz/).
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
@@ -15,6 +16,8 @@
 #                      per test as a process), tansu, external (with AIRLOCK_TEST_BROKERS) or
 #                      container (with AIRLOCK_BROKER_IMAGE); tests/README.md has the details
 #   AIRLOCK_SKIP_CONTAINERS=1  skip the container test (and starting a Docker engine for it)
+#   AIRLOCK_FUZZ_SECONDS  how long each fuzz target runs (default 60); AIRLOCK_SKIP_FUZZ=1
+#                      leaves fuzzing out (deploy/dev/fuzz.sh)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -54,6 +57,7 @@ typescript_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -86,6 +90,11 @@ rm -f "$typescript_out" "$typescript_err"
 step "cargo test"
 # Every test binary runs even after a failure, so that one run reports every failure.
 cargo test --workspace --locked --no-fail-fast
+
+if [ "${AIRLOCK_SKIP_FUZZ:-0}" != "1" ]; then
+  step "fuzzing: each target for ${AIRLOCK_FUZZ_SECONDS:-60} s, two at a time (deploy/dev/fuzz.sh)"
+  "$here/fuzz.sh" --seconds "${AIRLOCK_FUZZ_SECONDS:-60}"
+fi
 
 if [ "${AIRLOCK_SKIP_CONTAINERS:-0}" != "1" ]; then
   step "the container path: Apache Kafka in a container (testcontainers)"
