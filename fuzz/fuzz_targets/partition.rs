@@ -2,7 +2,7 @@
 //! batches of records as anyone who can write the four input topics can write them: proposals,
 //! approvals, outcomes and controls on a handful of operation keys, with fields the fuzzer
 //! chooses and bytes it flips after encoding, and raw bytes under any key. The task lives
-//! across inputs, so state builds up as it does in production.
+//! across inputs (a fresh one every 2,000), so state builds up as it does in production.
 //!
 //! Each batch is decided as the runtime decides one (`runtime::decide`): a record whose
 //! outputs cannot be encoded sends the batch back to its save point and is dead-lettered the
@@ -93,40 +93,53 @@ struct Harness {
     fresh: u64,
 }
 
-static HARNESS: LazyLock<Mutex<Harness>> = LazyLock::new(|| {
-    let core = sample::reference_core(airlock_processor::core::Config::default())
-        .expect("the reference core loads");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let backend = RocksBackend::open(
-        dir.path(),
-        &RocksOptions {
-            sync: false,
-            ..RocksOptions::default()
-        },
+/// A fresh task every this many inputs: state (one fresh key per input) and the cost of a
+/// checkpoint, which hashes the whole projection, stay bounded.
+const INPUTS_PER_TASK: u64 = 2_000;
+
+static CORE: LazyLock<std::sync::Arc<airlock_processor::core::Core>> = LazyLock::new(|| {
+    std::sync::Arc::new(
+        sample::reference_core(airlock_processor::core::Config::default())
+            .expect("the reference core loads"),
     )
-    .expect("RocksDB opens");
-    let store = StateStore::open(backend).expect("the store opens");
-    let names = Names::new("fuzz.");
-    let codec = Codec::new().with_max_payload_bytes(LIMIT);
-    let task = PartitionTask::new(
-        std::sync::Arc::new(core),
-        store,
-        sample::task_context(0),
-        names.clone(),
-        codec.clone(),
-        1,
-    )
-    .expect("the task opens");
-    Mutex::new(Harness {
-        _dir: dir,
-        task,
-        names,
-        codec,
-        offsets: [0; 4],
-        now: 1_767_225_600_000,
-        fresh: 0,
-    })
 });
+
+static HARNESS: Mutex<Option<Harness>> = Mutex::new(None);
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let backend = RocksBackend::open(
+            dir.path(),
+            &RocksOptions {
+                sync: false,
+                ..RocksOptions::default()
+            },
+        )
+        .expect("RocksDB opens");
+        let store = StateStore::open(backend).expect("the store opens");
+        let names = Names::new("fuzz.");
+        let codec = Codec::new().with_max_payload_bytes(LIMIT);
+        let task = PartitionTask::new(
+            CORE.clone(),
+            store,
+            sample::task_context(0),
+            names.clone(),
+            codec.clone(),
+            1,
+        )
+        .expect("the task opens");
+        Harness {
+            _dir: dir,
+            task,
+            names,
+            codec,
+            offsets: [0; 4],
+            now: 1_767_225_600_000,
+            fresh: 0,
+        }
+    }
+}
 
 fn key(k: u8) -> String {
     format!("refund:f{}", k % KEYS)
@@ -313,10 +326,15 @@ fuzz_target!(|batch: Batch| {
     let mut guard = HARNESS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let h = &mut *guard;
+    if guard.as_ref().is_none_or(|h| h.fresh >= INPUTS_PER_TASK) {
+        *guard = Some(Harness::new());
+    }
+    let h = guard.as_mut().expect("a harness");
     let mut records = Vec::with_capacity(batch.records.len());
     for (op, after) in batch.records.into_iter().take(16) {
-        h.now += i64::from(after);
+        // Up to 10 s between records: timers (approval windows, attempt deadlines) come due
+        // within a task's life, checkpoints (every minute of record time) now and then.
+        h.now += i64::from(after % 10_000);
         let (source, key, value) = record(op, h.now, &h.codec);
         records.push((source, key, value, h.now));
     }
