@@ -1,4 +1,4 @@
-//! Input records read ahead of the batches, per partition.
+//! Input records read ahead of the batches, per partition, and the order they are decided in.
 //!
 //! librdkafka hands a consumer its records one fetched chunk at a time, and a chunk is one
 //! partition's (up to `max.partition.fetch.bytes`, thousands of proposals). A batch cut from
@@ -6,20 +6,96 @@
 //! be decided side by side. So records wait here, in offset order per partition, and a batch
 //! takes up to `batch.max_records` from every partition at once.
 //!
-//! Memory: at most `READ_AHEAD` batches' worth per owned partition is held (the records stay
-//! in librdkafka's buffers; this holds references).
+//! **Order across a partition's input topics.** Partition `p` of the four input topics is one
+//! task's input, and the topics are fetched side by side: in what order their records arrive
+//! says nothing about the order the broker appended them. Live, the difference is a fetch's
+//! worth of milliseconds and harmless: an approval appended after its proposal's reply was
+//! read was appended after the proposal was decided. But an instance that takes a partition
+//! over reads a backlog, and an approval (a few records) arrives before the thousands of
+//! proposals ahead of it in time: decided first, it would be refused for want of an intent that
+//! the previous owner had answered. So each topic's records wait in their own *lane*, a batch
+//! takes the lanes' heads in record-time order (the broker's append time on Airlock's topics),
+//! and while a lane is *behind* (it has not yet delivered the records the partition held when
+//! it was assigned: [`Intake::catch_up`]) and has nothing waiting, no record later than the
+//! last one it delivered is taken: what it has not delivered yet may come first. A lane that
+//! stays behind with nothing to deliver for [`PATIENCE`] (its log ends in transaction markers,
+//! which a consumer never receives, or the broker does not answer) stops being waited for, with
+//! a warning. Records of one time keep their arrival order.
+//!
+//! Memory: at most `READ_AHEAD` batches' worth per owned partition is held, twice that while a
+//! partition waits for a lane (the records stay in librdkafka's buffers; this holds
+//! references).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 
 /// How many batches per owned partition may be read ahead.
 pub const READ_AHEAD: usize = 4;
 
+/// How long a partition waits for a lane that is behind and delivers nothing.
+pub const PATIENCE: Duration = Duration::from_secs(5);
+
 /// Records polled but not yet in a batch.
 pub struct Intake<M> {
-    by_partition: BTreeMap<i32, VecDeque<M>>,
+    by_partition: BTreeMap<i32, Lanes<M>>,
     len: usize,
+    /// Arrival counter: the order of records of one time.
+    arrivals: u64,
+    patience: Duration,
+}
+
+/// One partition's records, a lane per input topic.
+struct Lanes<M> {
+    /// (topic, lane): at most one per input topic, so a scan beats a map.
+    lanes: Vec<(String, Lane<M>)>,
+    len: usize,
+    /// Since when a lane has held this partition back (see [`PATIENCE`]).
+    waiting_since: Option<Instant>,
+}
+
+struct Lane<M> {
+    /// (record time, arrival, record), in offset order.
+    queue: VecDeque<(i64, u64, M)>,
+    /// The offset after the last record pushed.
+    next: Option<i64>,
+    /// While the lane is behind: the offset it must reach.
+    behind_until: Option<i64>,
+    /// The time of the last record pushed: what the lane delivers next is no earlier (append
+    /// times only grow along a partition).
+    last_time: i64,
+}
+
+impl<M> Default for Lanes<M> {
+    fn default() -> Self {
+        Lanes {
+            lanes: Vec::new(),
+            len: 0,
+            waiting_since: None,
+        }
+    }
+}
+
+impl<M> Default for Lane<M> {
+    fn default() -> Self {
+        Lane {
+            queue: VecDeque::new(),
+            next: None,
+            behind_until: None,
+            last_time: i64::MIN,
+        }
+    }
+}
+
+impl<M> Lane<M> {
+    fn is_behind(&self) -> bool {
+        match (self.behind_until, self.next) {
+            (Some(end), Some(next)) => next < end,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
 }
 
 impl<M> Default for Intake<M> {
@@ -27,6 +103,8 @@ impl<M> Default for Intake<M> {
         Intake {
             by_partition: BTreeMap::new(),
             len: 0,
+            arrivals: 0,
+            patience: PATIENCE,
         }
     }
 }
@@ -37,12 +115,87 @@ impl<M> std::fmt::Debug for Intake<M> {
     }
 }
 
+impl<M> Lanes<M> {
+    /// The lane whose head comes next, if a lane that is behind does not hold it back.
+    fn next_lane(&self) -> Next {
+        let Some((i, time)) = self
+            .lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, l))| {
+                l.queue
+                    .front()
+                    .map(|(time, arrival, _)| (i, (*time, *arrival)))
+            })
+            .min_by_key(|(_, key)| *key)
+            .map(|(i, (time, _))| (i, time))
+        else {
+            return Next::Empty;
+        };
+        let held = self
+            .lanes
+            .iter()
+            .any(|(_, l)| l.queue.is_empty() && l.is_behind() && time > l.last_time);
+        if held { Next::Held } else { Next::Lane(i) }
+    }
+
+    fn lane(&mut self, topic: &str) -> &mut Lane<M> {
+        let i = match self.lanes.iter().position(|(t, _)| t == topic) {
+            Some(i) => i,
+            None => {
+                self.lanes.push((topic.to_owned(), Lane::default()));
+                self.lanes.len() - 1
+            }
+        };
+        &mut self.lanes[i].1
+    }
+
+    fn is_held(&self) -> bool {
+        matches!(self.next_lane(), Next::Held)
+    }
+
+    /// Stops waiting for the lanes that are behind with nothing waiting; says which.
+    fn give_up_waiting(&mut self) -> Vec<(String, Option<i64>, i64)> {
+        let mut given_up = Vec::new();
+        for (topic, lane) in &mut self.lanes {
+            if lane.queue.is_empty() && lane.is_behind() {
+                given_up.push((topic.clone(), lane.next, lane.behind_until.unwrap_or(0)));
+                lane.behind_until = None;
+            }
+        }
+        self.waiting_since = None;
+        given_up
+    }
+}
+
+enum Next {
+    Empty,
+    Held,
+    /// The index of the lane whose head comes next.
+    Lane(usize),
+}
+
 impl<M: Message> Intake<M> {
+    /// An intake that waits `patience` instead of [`PATIENCE`] for a lane that is behind.
+    pub fn with_patience(patience: Duration) -> Self {
+        Intake {
+            patience,
+            ..Intake::default()
+        }
+    }
+
     pub fn push(&mut self, m: M) {
-        self.by_partition
-            .entry(m.partition())
-            .or_default()
-            .push_back(m);
+        let time = m.timestamp().to_millis();
+        let offset = m.offset();
+        let lanes = self.by_partition.entry(m.partition()).or_default();
+        let lane = lanes.lane(m.topic());
+        // A record without a time sorts with the last one its lane delivered.
+        let time = time.unwrap_or(lane.last_time);
+        lane.last_time = lane.last_time.max(time);
+        lane.next = Some(lane.next.map_or(offset + 1, |n| n.max(offset + 1)));
+        lane.queue.push_back((time, self.arrivals, m));
+        lanes.len += 1;
+        self.arrivals += 1;
         self.len += 1;
     }
 
@@ -61,27 +214,77 @@ impl<M: Message> Intake<M> {
         self.len = 0;
     }
 
-    /// Whether polling should stop: every one of `owned` partitions has a full batch waiting,
-    /// or the read-ahead bound is reached.
-    pub fn is_full(&self, owned: usize, per_partition: usize) -> bool {
-        let owned = owned.max(1);
-        self.len
-            >= per_partition
-                .saturating_mul(owned)
-                .saturating_mul(READ_AHEAD)
-            || (self.by_partition.len() >= owned
-                && self.by_partition.values().all(|q| q.len() >= per_partition))
+    /// Marks the lanes that start behind the end of their log: `(topic, partition, first offset
+    /// to be read, end offset)`, the end as the broker reported it when the partition was
+    /// assigned. Until a lane has delivered the records before its end, the records of the
+    /// partition's other lanes do not pass what it may still deliver.
+    pub fn catch_up(&mut self, lanes: impl IntoIterator<Item = (String, i32, i64, i64)>) {
+        for (topic, partition, start, end) in lanes {
+            if start >= end {
+                continue;
+            }
+            let lane = self.by_partition.entry(partition).or_default().lane(&topic);
+            lane.behind_until = Some(end);
+            lane.next = Some(lane.next.map_or(start, |n| n.max(start)));
+        }
     }
 
-    /// The next batch: up to `per_partition` records of every partition, each partition's in
-    /// offset order.
+    /// Whether polling should stop: every one of `owned` partitions has a full batch waiting,
+    /// or the read-ahead bound is reached. A partition that waits for a lane keeps polling on,
+    /// up to twice the bound.
+    pub fn is_full(&self, owned: usize, per_partition: usize) -> bool {
+        let owned = owned.max(1);
+        let bound = per_partition
+            .saturating_mul(owned)
+            .saturating_mul(READ_AHEAD);
+        if self.by_partition.values().any(Lanes::is_held) {
+            return self.len >= bound.saturating_mul(2);
+        }
+        self.len >= bound
+            || (self.by_partition.len() >= owned
+                && self.by_partition.values().all(|q| q.len >= per_partition))
+    }
+
+    /// The next batch: up to `per_partition` records of every partition, each topic's in offset
+    /// order, the topics merged by record time (see the module's documentation).
     pub fn take(&mut self, per_partition: usize) -> Vec<M> {
         let mut batch = Vec::new();
-        for q in self.by_partition.values_mut() {
-            let n = q.len().min(per_partition);
-            batch.extend(q.drain(..n));
+        for (partition, lanes) in &mut self.by_partition {
+            let mut n = 0;
+            while n < per_partition {
+                let i = match lanes.next_lane() {
+                    Next::Empty => break,
+                    Next::Lane(i) => i,
+                    Next::Held => {
+                        let since = *lanes.waiting_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < self.patience {
+                            break;
+                        }
+                        for (topic, next, end) in lanes.give_up_waiting() {
+                            log::warn!(
+                                "{topic} partition {partition}: read up to offset {next:?} of \
+                                 the {end} it held when assigned, and nothing more for {:?}; \
+                                 deciding its partition's other topics without waiting for it \
+                                 (transaction markers at the log's end, or a slow broker)",
+                                self.patience
+                            );
+                        }
+                        continue;
+                    }
+                };
+                let (_, _, m) = lanes.lanes[i]
+                    .1
+                    .queue
+                    .pop_front()
+                    .expect("the lane next_lane chose has a head");
+                batch.push(m);
+                lanes.len -= 1;
+                lanes.waiting_since = None;
+                n += 1;
+            }
         }
-        self.by_partition.retain(|_, q| !q.is_empty());
+        self.by_partition
+            .retain(|_, l| l.len > 0 || l.lanes.iter().any(|(_, lane)| lane.is_behind()));
         self.len -= batch.len();
         batch
     }
@@ -129,6 +332,97 @@ mod tests {
         assert_eq!(positions(&intake.take(2)), vec![(0, 4)]);
         assert!(intake.is_empty());
         assert!(intake.take(2).is_empty());
+    }
+
+    fn at(topic: &str, offset: i64, time: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            None,
+            None,
+            topic.to_owned(),
+            Timestamp::LogAppendTime(time),
+            0,
+            offset,
+            None,
+        )
+    }
+
+    fn topics(batch: &[OwnedMessage]) -> Vec<(String, i64)> {
+        batch
+            .iter()
+            .map(|m| (m.topic().to_owned(), m.offset()))
+            .collect()
+    }
+
+    #[test]
+    fn live_topics_are_merged_by_record_time_and_nothing_waits() {
+        let mut intake = Intake::default();
+        intake.push(at("approvals", 7, 30));
+        intake.push(at("proposals", 3, 10));
+        intake.push(at("proposals", 4, 40));
+        intake.push(at("approvals", 8, 40));
+        assert_eq!(
+            topics(&intake.take(10)),
+            [
+                ("proposals", 3),
+                ("approvals", 7),
+                ("proposals", 4),
+                ("approvals", 8)
+            ]
+            .map(|(t, o)| (t.to_owned(), o))
+        );
+    }
+
+    #[test]
+    fn an_approval_read_first_waits_for_the_proposals_of_its_time_while_they_catch_up() {
+        let mut intake = Intake::default();
+        // Assigned: proposals 100..103 and approvals 7..8 to read.
+        intake.catch_up([
+            ("proposals".to_owned(), 0, 100, 103),
+            ("approvals".to_owned(), 0, 7, 8),
+        ]);
+        // The approval arrives first: what the proposals lane holds may be earlier.
+        intake.push(at("approvals", 7, 50));
+        assert!(intake.take(10).is_empty());
+        assert!(
+            !intake.is_full(1, 1),
+            "polling goes on for the lane it waits on"
+        );
+        intake.push(at("proposals", 100, 10));
+        intake.push(at("proposals", 101, 20));
+        assert_eq!(
+            topics(&intake.take(10)),
+            [("proposals", 100), ("proposals", 101)].map(|(t, o)| (t.to_owned(), o))
+        );
+        intake.push(at("proposals", 102, 60));
+        // The proposals lane reached its end: later proposals come as they are read.
+        assert_eq!(
+            topics(&intake.take(10)),
+            [("approvals", 7), ("proposals", 102)].map(|(t, o)| (t.to_owned(), o))
+        );
+        intake.push(at("approvals", 8, 70));
+        assert_eq!(topics(&intake.take(10)), [("approvals".to_owned(), 8)]);
+        assert!(intake.is_empty());
+    }
+
+    #[test]
+    fn a_lane_that_never_reaches_its_end_is_waited_for_only_so_long() {
+        let mut intake = Intake::with_patience(Duration::from_millis(50));
+        // The proposals log ends in a transaction marker the consumer never receives.
+        intake.catch_up([("proposals".to_owned(), 0, 100, 102)]);
+        intake.push(at("proposals", 100, 10));
+        intake.push(at("approvals", 7, 50));
+        assert_eq!(topics(&intake.take(10)), [("proposals".to_owned(), 100)]);
+        assert!(intake.take(10).is_empty(), "offset 101 may still come");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(topics(&intake.take(10)), [("approvals".to_owned(), 7)]);
+    }
+
+    #[test]
+    fn a_catch_up_already_at_its_end_holds_nothing() {
+        let mut intake = Intake::default();
+        intake.catch_up([("proposals".to_owned(), 0, 100, 100)]);
+        intake.push(at("approvals", 7, 50));
+        assert_eq!(topics(&intake.take(10)), [("approvals".to_owned(), 7)]);
     }
 
     #[test]

@@ -54,6 +54,9 @@ use super::produce::{self, Producer};
 use super::rejoin::Rejoin;
 use super::restore::{self, Claim};
 use super::telemetry::{LAG_INTERVAL, Telemetry};
+
+/// How long the end of one input partition is asked for after a rebalance.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
 use super::topics::{self, Names};
 use crate::core::Core;
 use crate::telemetry::server;
@@ -315,6 +318,45 @@ impl Ctx {
         consumer.assign(&assignment)?;
         Ok(())
     }
+}
+
+/// Where each owned input partition's reading starts: `(topic, partition, stored offset)`.
+fn starts(
+    tasks: &BTreeMap<i32, PartitionTask>,
+    inputs: &[String],
+) -> Result<Vec<(String, i32, Option<i64>)>> {
+    let mut starts = Vec::with_capacity(tasks.len() * inputs.len());
+    for (&p, task) in tasks {
+        for topic in inputs {
+            starts.push((topic.clone(), p, task.stored_offset(topic)?));
+        }
+    }
+    Ok(starts)
+}
+
+/// The input partitions that start behind the end of their log, with that end, for the intake
+/// to merge their topics by time while it catches up (see [`Intake`]). One watermark request
+/// per input partition; one that fails leaves its partition unordered, with a warning.
+fn catch_up_ends<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    starts: Vec<(String, i32, Option<i64>)>,
+) -> Vec<(String, i32, i64, i64)> {
+    let mut ends = Vec::new();
+    for (topic, p, stored) in starts {
+        match consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT) {
+            Ok((low, high)) => {
+                let start = stored.unwrap_or(low).max(low);
+                if start < high {
+                    ends.push((topic, p, start, high));
+                }
+            }
+            Err(e) => log::warn!(
+                "{topic} partition {p}: its end is unknown ({e}); its catch-up is decided in \
+                 arrival order, not merged by time with the partition's other topics"
+            ),
+        }
+    }
+    ends
 }
 
 /// Why offsets `expected..` of an input partition never reached the consumer, as far as the
@@ -656,7 +698,7 @@ fn run_loop(
             let Some(polled) = consumer.poll(timeout) else {
                 break;
             };
-            {
+            let reassigned = {
                 let mut guard = lock(&shared);
                 if let Some(e) = guard.fatal.take() {
                     return Err(e);
@@ -666,7 +708,15 @@ fn run_loop(
                 if guard.generation != generation {
                     generation = guard.generation;
                     intake.clear();
+                    Some(starts(&guard.tasks, &inputs)?)
+                } else {
+                    None
                 }
+            };
+            if let Some(starts) = reassigned
+                && config.kafka.compatibility.high_watermark_is_end()
+            {
+                intake.catch_up(catch_up_ends(&consumer, starts));
             }
             match polled {
                 Ok(m) if sources.contains_key(m.topic()) => {
