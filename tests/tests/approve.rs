@@ -4,14 +4,19 @@
 //! approval bound to the hash the processor reported (the same command as the early one) is
 //! refused unsigned and signed with another person's key (the entities register alice's key),
 //! then recorded signed with alice's key, and dispatches the refund; running either command again shows the earlier answer
-//! and publishes nothing; one dispatch; `airlock replay` verifies the journal.
+//! and publishes nothing; one dispatch; `airlock replay` verifies the journal. And a fence
+//! marker forged on the decisions topic does not hide the answer from a reader that holds the
+//! processor's verifying key.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use airlock_processor::runtime::partitioner::partition_for;
+use airlock_processor::runtime::wire::OutRecord;
 use airlock_processor::sample;
 use airlock_schemas::{Decision, DispatchCommand, Reason, Verdict};
 use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::connector::Keys;
 use airlock_tests::eventually;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -169,6 +174,83 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     let (ok, out, err) = a.cli(&["replay", "--stall-timeout-seconds", "60"])?;
     assert!(ok, "the journal verifies:\n{out}\n{err}");
     assert!(out.contains("1 dispatches checked"), "{out}");
+    processor.stop()?;
+    Ok(())
+}
+
+/// A fence marker forged on the decisions partition of a key (owner epoch 999999, unsigned, by
+/// whoever can write the topic) hides the processor's answers from a reader that trusts every
+/// marker. `airlock propose` given the processor's verifying key
+/// (`AIRLOCK_CAPABILITY_VERIFYING_KEY_FILES`) ignores it, says so, and prints the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_fence_marker_does_not_hide_the_answer_from_a_verifying_reader()
+-> anyhow::Result<()> {
+    let keys = Keys::generate()?;
+    let a = Airlock::start_with(
+        "forged-marker",
+        2,
+        Options {
+            signing_key_file: Some(keys.signing_file.clone()),
+            ..Options::default()
+        },
+    )
+    .await?;
+    let processor = a.spawn("p1")?;
+    let key = "refund:under-a-forged-marker";
+    let partition = partition_for(key.as_bytes(), a.config.topics.partitions);
+    a.produce(vec![OutRecord::fence_marker(
+        &a.names.decisions(),
+        partition,
+        999_999,
+    )])?;
+    let arguments = sample::money_arguments("acme", "acct-42", 100, "EUR");
+    let propose = |verifying: Option<&std::path::Path>| -> anyhow::Result<(bool, String, String)> {
+        let mut command = a.command(&a.config)?;
+        if let Some(file) = verifying {
+            command.env("AIRLOCK_CAPABILITY_VERIFYING_KEY_FILES", file);
+        }
+        let out = command
+            .args([
+                "propose",
+                "--tool",
+                "refund",
+                "--operation-key",
+                key,
+                "--arguments",
+                &arguments,
+                "--tenant",
+                "acme",
+                "--principal",
+                "agent-support-1",
+                "--run-id",
+                "run-forged-marker",
+                "--timeout-seconds",
+                "20",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    };
+    let (ok, out, err) = propose(Some(&keys.verifying_file))?;
+    assert!(
+        ok,
+        "the answer is readable past the forged marker:\n{out}\n{err}"
+    );
+    assert!(out.contains("ACCEPTED AUTO_APPROVED"), "{out}\n{err}");
+    assert!(
+        err.contains("not signed by a processor key"),
+        "the forged marker is named:\n{err}"
+    );
+    // A reader without the key takes the marker for a takeover and sees no answer.
+    let (ok, out, err) = propose(None)?;
+    assert!(
+        !ok,
+        "a trusting reader is fenced off its answers:\n{out}\n{err}"
+    );
     processor.stop()?;
     Ok(())
 }

@@ -591,7 +591,9 @@ fn run_loop(
                     handler.refuse_marker(source, &parent, refused, &mut out)
                 } else {
                     match admit {
-                        None | Some(Admit::Marker(_)) => continue,
+                        // Markers are verified above (`forged_marker`): the filter itself
+                        // verifies none and never answers `Forged`.
+                        None | Some(Admit::Marker(_) | Admit::Forged(_)) => continue,
                         Some(Admit::Fenced { owner_epoch, fence }) => {
                             log::warn!(
                                 "{dispatch} partition {partition} offset {offset}: written by \

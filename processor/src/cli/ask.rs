@@ -190,6 +190,9 @@ struct Answers {
     /// no write access to the topic; on tansu, whose watermark can stop short, one past a
     /// barrier record produced then (`compat::Broker::high_watermark_is_end`).
     end: i64,
+    /// Each read starts from this filter: it verifies fence markers under the processors'
+    /// keys when the configuration names them (`capability.verifying_key_files`).
+    fence: FenceFilter,
 }
 
 impl Answers {
@@ -220,7 +223,12 @@ impl Answers {
                 .placed(&decisions, partition)?
                 + 1
         };
+        let keys = config
+            .capability
+            .processor_verifying_keys()
+            .context("loading the processors' verifying keys (capability.verifying_key_files)")?;
         Ok(Answers {
+            fence: FenceFilter::verifying(keys),
             reader,
             producer,
             decisions,
@@ -240,7 +248,7 @@ impl Answers {
             what,
             wants,
             codec: Codec::new(),
-            fence: FenceFilter::default(),
+            fence: self.fence.clone(),
             at: self.start,
         }
     }
@@ -322,8 +330,20 @@ impl Replies<'_> {
                     .collect()
             })
             .unwrap_or_default();
-        if self.fence.admit(self.decisions, self.partition, headers) != Admit::Accept {
-            return Ok(None);
+        match self.fence.admit(self.decisions, self.partition, headers) {
+            Admit::Accept => {}
+            Admit::Forged(epoch) => {
+                // The command's own diagnostics go to standard error (no logger here).
+                eprintln!(
+                    "warning: {} partition {} offset {}: a fence marker of owner epoch {epoch} \
+                     not signed by a processor key (capability.verifying_key_files); ignored",
+                    self.decisions,
+                    self.partition,
+                    m.offset()
+                );
+                return Ok(None);
+            }
+            Admit::Marker(_) | Admit::Fenced { .. } => return Ok(None),
         }
         let Some(Ok(d)) = m.payload().map(|p| self.codec.decode_as::<Decision>(p)) else {
             return Ok(None);

@@ -246,7 +246,7 @@ fn replay_partition(
     scanner.scan(journal, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
         cursor.advance(s.offset);
         match s.admit {
-            Admit::Marker(_) => {}
+            Admit::Marker(_) | Admit::Forged(_) => {}
             Admit::Fenced { .. } => replay.fenced(),
             Admit::Accept => match s.payload.map(|b| (b, codec.decode_as::<JournalEvent>(b))) {
                 None => replay.undecodable(s.offset, "no value".to_owned()),

@@ -271,6 +271,7 @@ fn fence_vectors() -> Value {
                 Admit::Accept => "accept",
                 Admit::Marker(_) => "marker",
                 Admit::Fenced { .. } => "fenced",
+                Admit::Forged(_) => "forged",
             });
         }
         let records: Vec<Value> = records

@@ -333,7 +333,8 @@ impl Verifier {
             read.headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
         );
         match admit {
-            Admit::Marker(_) => {
+            // This reader verifies no marker signatures: `Forged` is never returned.
+            Admit::Marker(_) | Admit::Forged(_) => {
                 chain.counts.markers += 1;
                 return;
             }

@@ -490,6 +490,9 @@ pub enum Admit {
     Accept,
     /// A record of an owner whose epoch is behind the partition's fence: a zombie's write.
     Fenced { owner_epoch: i64, fence: i64 },
+    /// A fence marker whose `airlock-capability` does not verify under the processor's keys
+    /// given to a [`FenceFilter::verifying`] reader: it raises no fence; not a payload.
+    Forged(i64),
 }
 
 /// A record's `airlock-kind` and `airlock-owner-epoch` headers as every Airlock reader takes
@@ -523,12 +526,27 @@ pub fn marker_epoch<'h>(headers: impl IntoIterator<Item = (&'h str, &'h [u8])>) 
 }
 
 /// The consumer side of fence 1: the highest marker read per (topic, partition).
+///
+/// A reader that holds the processor's verifying keys ([`FenceFilter::verifying`]) raises the
+/// fence only for markers signed by one of them (`capability::sign_fence`): a marker forged by
+/// whoever can write the topic (owner epoch 999999, say) would otherwise hide every later
+/// answer on its partition. Without keys every marker counts (a processor that does not sign).
 #[derive(Clone, Debug, Default)]
 pub struct FenceFilter {
     fences: HashMap<(String, i32), i64>,
+    keys: Option<std::sync::Arc<[crate::capability::VerifyingKey]>>,
 }
 
 impl FenceFilter {
+    /// A filter that honours only fence markers signed under one of `keys` (none: every
+    /// marker, as [`FenceFilter::default`]).
+    pub fn verifying(keys: Vec<crate::capability::VerifyingKey>) -> FenceFilter {
+        FenceFilter {
+            fences: HashMap::new(),
+            keys: (!keys.is_empty()).then(|| keys.into()),
+        }
+    }
+
     /// Classifies one record, given its headers, in the order records are read.
     pub fn admit<'h>(
         &mut self,
@@ -536,11 +554,23 @@ impl FenceFilter {
         partition: i32,
         headers: impl IntoIterator<Item = (&'h str, &'h [u8])>,
     ) -> Admit {
-        let (kind, epoch) = kind_and_epoch(headers);
+        let mut capability = None;
+        let (kind, epoch) = kind_and_epoch(headers.into_iter().inspect(|(k, v)| {
+            if *k == header::CAPABILITY {
+                capability = Some(*v);
+            }
+        }));
         // Records without an owner epoch are not Airlock's: nothing to fence.
         let Some(epoch) = epoch else {
             return Admit::Accept;
         };
+        if kind == Some(FENCE_KIND.as_bytes())
+            && let Some(keys) = &self.keys
+            && crate::capability::verify_fence_any(keys, capability, topic, partition, epoch)
+                .is_err()
+        {
+            return Admit::Forged(epoch);
+        }
         let fence = self
             .fences
             .entry((topic.to_owned(), partition))
@@ -587,6 +617,62 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect()
+    }
+
+    #[test]
+    fn a_verifying_reader_raises_its_fence_only_for_signed_markers() {
+        let key = crate::capability::SigningKey::from_bytes(&[9; 32]);
+        let other = crate::capability::SigningKey::from_bytes(&[8; 32]);
+        let marker = |epoch: i64, signer: Option<&crate::capability::SigningKey>| {
+            let mut headers = vec![
+                (header::KIND.to_owned(), FENCE_KIND.as_bytes().to_vec()),
+                (
+                    header::OWNER_EPOCH.to_owned(),
+                    epoch.to_string().into_bytes(),
+                ),
+            ];
+            if let Some(k) = signer {
+                headers.push((
+                    header::CAPABILITY.to_owned(),
+                    crate::capability::sign_fence(k, "d", 0, epoch),
+                ));
+            }
+            headers
+        };
+        let answer = |epoch: i64| {
+            vec![
+                (header::KIND.to_owned(), b"decision".to_vec()),
+                (
+                    header::OWNER_EPOCH.to_owned(),
+                    epoch.to_string().into_bytes(),
+                ),
+            ]
+        };
+        fn borrow(h: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+            h.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect()
+        }
+        let mut f = FenceFilter::verifying(vec![key.verifying_key()]);
+        assert_eq!(
+            f.admit("d", 0, borrow(&marker(2, Some(&key)))),
+            Admit::Marker(2)
+        );
+        for forged in [marker(999_999, None), marker(999_999, Some(&other))] {
+            assert_eq!(f.admit("d", 0, borrow(&forged)), Admit::Forged(999_999));
+        }
+        // The signature binds the partition: partition 0's marker does not verify on 1.
+        assert_eq!(
+            f.admit("d", 1, borrow(&marker(2, Some(&key)))),
+            Admit::Forged(2)
+        );
+        assert_eq!(f.admit("d", 0, borrow(&answer(2))), Admit::Accept);
+        assert_eq!(f.fence("d", 0), 2);
+        // Without keys, the forged marker hides the owner's answers.
+        let mut trusting = FenceFilter::default();
+        trusting.admit("d", 0, borrow(&marker(999_999, None)));
+        assert!(matches!(
+            trusting.admit("d", 0, borrow(&answer(2))),
+            Admit::Fenced { .. }
+        ));
     }
 
     #[test]
