@@ -1,7 +1,8 @@
-//! The TypeScript client (`clients/typescript`) against a real broker, processor, connector
-//! worker and the reference ledger: its contract, README and integration tests run with this
-//! test's brokers and topics, then the ledger is checked for one business effect per refund
-//! they saw committed; last, its forged-marker test.
+//! The TypeScript client (`clients/typescript`), its MCP gateway and its framework adapters
+//! against a real broker, processor, connector worker and the reference ledger: its contract,
+//! README, tool-layer and integration tests run with this test's brokers, topics and tool
+//! registry, then the ledger is checked for one business effect per refund they saw committed
+//! (and none other); last, its forged-marker test.
 //!
 //! The package is prepared by `deploy/dev/typescript.sh` (dependencies cached under
 //! `$HOME/.cache/airlock/typescript`, compiled by tsc), which this test runs; Node 20 or later
@@ -101,11 +102,15 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
         .args([
             "dist/test/contract.test.js",
             "dist/test/readme.test.js",
+            "dist/test/tools.test.js",
             "dist/test/integration/live.test.js",
+            "dist/test/integration/mcp.test.js",
+            "dist/test/integration/adapters.test.js",
         ])
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_REPORT", &report)
+        .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
         .output()?;
     assert_all_passed(&out, "the TypeScript client's tests", dir.path());
 
@@ -116,6 +121,9 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
     for key in &committed {
         assert_eq!(ledger.effects_for(key).await?, 1, "{key}");
     }
+    let distinct: std::collections::BTreeSet<&str> = committed.iter().copied().collect();
+    assert_eq!(distinct.len(), committed.len(), "each key reported once");
+    assert_eq!(ledger.effects_total().await?, committed.len() as u64);
 
     // Last: a forged fence marker stays in the decisions topic for good.
     let out = node_test(&package)

@@ -41,3 +41,18 @@ export {
 } from "./fence.js";
 export { contentId, proposalFingerprint } from "./ids.js";
 export { murmur2, partitionFor } from "./partitioner.js";
+export {
+  AirlockTools,
+  IDEMPOTENCY_ARGUMENT,
+  describe,
+  describeTool,
+  inputSchema,
+  loadRegistry,
+  refused,
+  type AirlockToolsOptions,
+  type JsonObject,
+  type Pending,
+  type RegistryTool,
+  type ToolResult,
+  type ToolsClient,
+} from "./tools.js";
