@@ -21,6 +21,7 @@ pub mod ask;
 pub mod audit;
 pub mod check;
 pub mod demo;
+pub mod effects;
 pub mod hash;
 pub mod keygen;
 pub mod propose;
@@ -74,6 +75,9 @@ pub enum Command {
     Audit(audit::Args),
     /// Signed receipts of final outcomes and refusals, chained per partition.
     Receipts(receipts::Args),
+    /// The effects in a given state over every partition (`effects list --state UNKNOWN`),
+    /// read from the changelog.
+    Effects(effects::Args),
 }
 
 impl Cli {
@@ -91,6 +95,7 @@ impl Cli {
             Command::Replay(args) => replay::run(&args, &mut std::io::stdout().lock()),
             Command::Audit(args) => audit::run(&args, &mut std::io::stdout().lock()),
             Command::Receipts(args) => receipts::run(&args, &mut std::io::stdout().lock()),
+            Command::Effects(args) => effects::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

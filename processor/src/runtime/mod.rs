@@ -24,6 +24,7 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod decide;
+pub mod effects;
 pub mod flight;
 pub mod intake;
 pub mod logging;

@@ -630,7 +630,11 @@ impl Claim {
 
 /// The deletion a changelog tombstone stands for: its record key is the full store key
 /// (table prefix, then the table's key), its owner epoch in the identity headers.
-fn tombstone(partition: i32, owner_epoch: i64, key: Option<&[u8]>) -> Option<ChangelogRecord> {
+pub(crate) fn tombstone(
+    partition: i32,
+    owner_epoch: i64,
+    key: Option<&[u8]>,
+) -> Option<ChangelogRecord> {
     let key = key?;
     Some(ChangelogRecord {
         partition,
@@ -644,9 +648,9 @@ fn tombstone(partition: i32, owner_epoch: i64, key: Option<&[u8]>) -> Option<Cha
 }
 
 /// A changelog row as read, with whether it is the last of its batch.
-struct Row {
-    record: ChangelogRecord,
-    ends_batch: bool,
+pub(crate) struct Row {
+    pub(crate) record: ChangelogRecord,
+    pub(crate) ends_batch: bool,
 }
 
 /// Accepted changelog rows held until their batch is known whole.
@@ -668,14 +672,14 @@ struct Row {
 ///
 /// [`torn`]: WholeBatches::torn
 #[derive(Default)]
-struct WholeBatches {
+pub(crate) struct WholeBatches {
     held: Vec<(i64, ChangelogRecord)>,
 }
 
 impl WholeBatches {
     /// Takes an accepted row at `offset`; returns the rows to apply now, in order: every held
     /// row and this one when it ends a batch, else none.
-    fn row(&mut self, offset: i64, row: Row) -> Vec<(i64, ChangelogRecord)> {
+    pub(crate) fn row(&mut self, offset: i64, row: Row) -> Vec<(i64, ChangelogRecord)> {
         self.held.push((offset, row.record));
         if row.ends_batch {
             std::mem::take(&mut self.held)
