@@ -50,7 +50,8 @@ async fn effects_are_listed_by_state_from_the_changelog_across_instances() -> an
     let producer = a.producer()?;
     let now = wall_ms();
     let waiting = sample::refund("refund:effects-waiting", 20_000, now);
-    let stuck = sample::refund("refund:effects-stuck", 100, now);
+    let mut stuck = sample::refund("refund:effects-stuck", 100, now);
+    stuck.run_id = "run-effects-stuck".to_owned();
     for p in [&waiting, &stuck] {
         a.send(&producer, &a.names.proposals(), &p.operation_key, p)
             .await?;
@@ -86,6 +87,12 @@ async fn effects_are_listed_by_state_from_the_changelog_across_instances() -> an
     expected.sort();
     assert_eq!(all, expected, "no state asked: every effect");
     assert!(listed(&a, &["--tool", "send_email"])?.is_empty());
+    assert_eq!(
+        listed(&a, &["--run", &stuck.run_id])?,
+        [stuck.operation_key.clone()],
+        "the other refund is of another run"
+    );
+    assert!(listed(&a, &["--run", "no-such-run"])?.is_empty());
     assert!(listed(&a, &["--tenant", "someone-else"])?.is_empty());
     assert_eq!(
         listed(&a, &["--tenant", "acme", "--tool", "refund"])?.len(),

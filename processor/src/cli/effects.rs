@@ -46,6 +46,9 @@ pub struct ListArgs {
     /// Only effects of this tool.
     #[arg(long)]
     pub tool: Option<String>,
+    /// Only the calls of this agent run (its keys may be on any partition).
+    #[arg(long)]
+    pub run: Option<String>,
     /// Only effects whose record last changed at least this many seconds ago (by the time
     /// of the inputs that changed it).
     #[arg(long, value_name = "SECONDS")]
@@ -126,6 +129,7 @@ fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
                     (args.states.is_empty() || args.states.contains(&e.effect_state()))
                         && args.tenant.as_ref().is_none_or(|t| *t == e.tenant_id)
                         && args.tool.as_ref().is_none_or(|t| *t == e.tool)
+                        && args.run.as_ref().is_none_or(|r| *r == e.run_id)
                         && cutoff.is_none_or(|c| e.updated_at <= c)
                 })
                 .map(|effect| Listed {
