@@ -157,7 +157,7 @@ async fn consumer_group_rebalances_when_a_member_leaves() -> anyhow::Result<()> 
 /// Kafka transactions work on this broker: records of an aborted transaction are invisible to a
 /// `read_committed` reader, those of a committed one are read once. Airlock does not rely on
 /// them (its outbox and the consumers' deduplication make its outputs effectively once on any
-/// broker, README "Transactions"); this shows the optional mode would have a broker to run on.
+/// broker, docs/known-gaps.md); this shows the optional mode would have a broker to run on.
 #[tokio::test]
 async fn aborted_transactions_are_invisible_to_read_committed_readers() -> anyhow::Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};

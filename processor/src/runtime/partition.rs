@@ -59,7 +59,7 @@ pub enum Error {
          partition consumed there (fingerprint {found}, stored {stored}): the topic was deleted \
          and created again, or the broker lost records it had acknowledged (an unclean leader \
          election); the state belongs to the old log, so nothing on this one is decided (see \
-         the README, \"Replaced input logs\")"
+         docs/known-gaps.md, \"Replaced input logs\")"
     )]
     InputReplaced {
         topic: String,
