@@ -182,6 +182,7 @@ impl Core {
         event.evidence = Some(detail.clone());
         event.state = Some(rec.effect_state());
         event.epoch = Some(rec.epoch);
+        event.policy_bundle_hash = Some(rec.policy_bundle_hash.clone());
         if let Some((v, r, d)) = to_proposal {
             let id = format!("e/{}/{}/{}", rec.operation_key, rec.epoch, r.as_str());
             let reply = self.reply(&id, &rec.proposal_id.clone(), rec, v, r, d, now);
@@ -229,15 +230,25 @@ impl Core {
                 "approved after the intent's deadline".to_owned(),
             ));
         }
+        // The bundle in force now decides, and the intent records it whatever it answers: a
+        // denial names the bundle that denied, not the one that asked for the approval.
         let authz = self.reauthorize(rec);
+        rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
         if let Authz::Deny { .. } = authz {
             rec.state = State::Denied {
                 at: now,
                 by: "policy".to_owned(),
             };
-            return Ok((Verdict::Denied, Reason::PolicyDenied, authz.summary()));
+            return Ok((
+                Verdict::Denied,
+                Reason::PolicyDenied,
+                format!(
+                    "authorized again at the approval under policy bundle {}: {}",
+                    rec.policy_bundle_hash,
+                    authz.summary()
+                ),
+            ));
         }
-        rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
         if let Some(refused) = self.budget_refusal(rec, tool, now) {
             return Ok(refused);
         }

@@ -192,17 +192,26 @@ impl Core {
                 )),
             ));
         }
+        // As at an approval: the bundle in force decides the retry and is recorded either way.
         let authz = self.reauthorize(rec);
+        rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
         match authz {
             Authz::Deny { .. } => {
                 close_failed(rec, now, "retry denied by policy");
                 Ok((
                     JournalKind::Settled,
-                    Some((Verdict::Failed, Reason::PolicyDenied, authz.summary())),
+                    Some((
+                        Verdict::Failed,
+                        Reason::PolicyDenied,
+                        format!(
+                            "authorized again before the retry under policy bundle {}: {}",
+                            rec.policy_bundle_hash,
+                            authz.summary()
+                        ),
+                    )),
                 ))
             }
             Authz::Approval { .. } => {
-                rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
                 rec.state = State::AwaitingApproval {
                     expires_at: now
                         .saturating_add_unsigned(tool.approval.ttl_ms)
@@ -219,7 +228,6 @@ impl Core {
                 ))
             }
             Authz::Auto { .. } => {
-                rec.policy_bundle_hash = self.policy.bundle_hash().to_owned();
                 if let Some(refused) = self.budget_refusal(rec, tool, now) {
                     return Ok((JournalKind::Settled, Some(refused)));
                 }
