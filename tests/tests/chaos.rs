@@ -410,6 +410,23 @@ async fn a_hundred_sigkills_leave_one_effect_per_intent_and_every_proposal_decid
         }
     };
     let settle_phase = started.elapsed();
+    // An approval is sent only once its key's PENDING_APPROVAL reply is out, so no instance
+    // may find no intent for it: that would be an approval decided before its proposal (a
+    // catch-up merging the topics out of append order). Refusals of repeats are expected.
+    let before_intent: Vec<&Decision> = decisions
+        .iter()
+        .filter(|d| {
+            d.decision_id.starts_with("a/")
+                && d.reason == Reason::NoPendingApproval
+                && d.detail.starts_with("no intent for operation key")
+        })
+        .collect();
+    assert!(
+        before_intent.is_empty(),
+        "{} approvals were decided before their proposals, e.g. {:?}",
+        before_intent.len(),
+        before_intent.first()
+    );
 
     for p in &mut procs {
         let _ = std::process::Command::new("kill")

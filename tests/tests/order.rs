@@ -32,6 +32,12 @@ fn wall_ms() -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_read_before_its_proposal_waits_for_it() -> anyhow::Result<()> {
     let a = Airlock::start("order", 1).await?;
+    if !a.config.kafka.compatibility.high_watermark_is_end() {
+        // Catch-up ordering needs each input partition's end at assignment; a broker whose
+        // watermark lags (`compat`) gets none, and its catch-up is decided in arrival order.
+        eprintln!("skipped: {} reports no usable high watermark", a.config.kafka.compatibility);
+        return Ok(());
+    }
     let producer = a.producer()?;
     // A first run leaves stored offsets on both topics, so that the catch-up below resumes
     // each from an offset, as an instance taking over a partition does.

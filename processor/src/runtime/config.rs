@@ -34,7 +34,7 @@
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
 //! | `capability.require_person_signatures` | `AIRLOCK_CAPABILITY_REQUIRE_PERSON_SIGNATURES` | `false`: people without registered keys act unsigned |
 //! | `capability.worker_verifying_key_files` (per connector, its workers' verifying keys) | `AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES` (`name=a.pub,b.pub;name=c.pub`) | none: outcomes taken unsigned |
-//! | `capability.verifying_key_files` (the processors' verifying keys, for readers of the decisions topic) | `AIRLOCK_CAPABILITY_VERIFYING_KEY_FILES` (comma separated) | none: fence markers on the decisions topic taken unsigned, unless `signing_key_file` is set |
+//! | `capability.verifying_key_files` (the processors' verifying keys, for readers of the decisions topic) | `AIRLOCK_CAPABILITY_VERIFYING_KEY_FILES` (comma separated) | none: fence markers on the decisions topic taken unsigned |
 //! | `receipts.signing_key_file` | `AIRLOCK_RECEIPTS_SIGNING_KEY_FILE` | empty: no receipts issued |
 //! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
 //! | `telemetry.stall_after_ms` | `AIRLOCK_TELEMETRY_STALL_AFTER_MS` | `60000` |
@@ -143,11 +143,11 @@ pub struct Capability {
     /// always sign; with this on, a person without any is refused too (UNKNOWN_SIGNER), else
     /// their records are taken unsigned (`airlock run` warns at start).
     pub require_person_signatures: bool,
-    /// The processors' verifying keys, for the commands that read the decisions topic
-    /// (`airlock propose`, `approve`, `settle`): a fence marker there raises the fence only
-    /// when it is signed under one of them (or under the key of `signing_key_file`, when this
-    /// configuration has it), so that a marker forged by whoever can write the topic cannot
-    /// hide the answers. Empty, with no signing key: every marker counts.
+    /// The processors' verifying keys (the `.pub` files `airlock keygen` writes), for the
+    /// commands that read the decisions topic (`airlock propose`, `approve`, `settle`): a
+    /// fence marker there raises the fence only when it is signed under one of them, so that a
+    /// marker forged by whoever can write the topic cannot hide the answers. Keep an old key
+    /// listed until no marker it signed can still be read. Empty: every marker counts.
     pub verifying_key_files: Vec<PathBuf>,
 }
 
@@ -157,10 +157,9 @@ impl Capability {
     pub fn processor_verifying_keys(
         &self,
     ) -> std::result::Result<Vec<crate::capability::VerifyingKey>, crate::capability::Error> {
+        // Never derived from `signing_key_file`: a person's command has no business reading
+        // the processor's secret, nor needs to.
         let mut keys = Vec::new();
-        if !self.signing_key_file.as_os_str().is_empty() {
-            keys.push(crate::capability::load_signing_key(&self.signing_key_file)?.verifying_key());
-        }
         for file in &self.verifying_key_files {
             keys.push(crate::capability::load_verifying_key(file)?);
         }

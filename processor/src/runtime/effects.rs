@@ -9,7 +9,8 @@
 //! however many run. It needs read access to the changelog only, and no processor to answer.
 //!
 //! Memory: the effect records of one partition at a time (a purged intent is gone; a closed
-//! one is a small marker).
+//! one is a small marker), and the effect rows read since the last batch end that survived
+//! compaction.
 
 use std::collections::BTreeMap;
 
@@ -92,6 +93,21 @@ impl ChangelogEffects {
         // As a restore reads it: a batch's last row carries the end header, or (rows written
         // before the header existed) the input offsets.
         let ends_batch = batch_end || !record.input_offsets.is_empty();
+        // Only effect rows are held until their batch ends (a batch's end row is mostly a meta
+        // row, and compaction removes most of them, so rows wait long); another table's row
+        // matters only as the end of its batch.
+        let record = if partition::store_table(record.table) == Table::Effect {
+            record
+        } else if ends_batch {
+            ChangelogRecord {
+                key: Vec::new(),
+                value: None,
+                input_offsets: Vec::new(),
+                ..record
+            }
+        } else {
+            return;
+        };
         for (_, record) in self.batches.row(s.offset, Row { record, ends_batch }) {
             self.apply(record);
         }

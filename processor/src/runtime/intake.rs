@@ -22,11 +22,13 @@
 //! which a consumer never receives, or the broker does not answer) stops being waited for, with
 //! a warning. Records of one time keep their arrival order.
 //!
-//! Memory: at most `READ_AHEAD` batches' worth per owned partition is held, twice that while a
-//! partition waits for a lane (the records stay in librdkafka's buffers; this holds
-//! references).
+//! Memory: at most `READ_AHEAD` batches' worth per owned partition is held (the records stay in
+//! librdkafka's buffers; this holds references). A partition that waits for a lane keeps the
+//! consumer polling (only a poll brings what it waits for), and once the bound is reached the
+//! run loop pauses the fetching of its lanes that are ahead ([`Intake::lanes_to_pause`]) until
+//! the wait ends: what was already fetched for them still arrives.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
@@ -34,8 +36,24 @@ use rdkafka::Message;
 /// How many batches per owned partition may be read ahead.
 pub const READ_AHEAD: usize = 4;
 
-/// How long a partition waits for a lane that is behind and delivers nothing.
+/// How long a partition waits for a lane that is behind and delivers nothing ...
 pub const PATIENCE: Duration = Duration::from_secs(5);
+
+/// ... and through how many polls of the consumer at least.
+const MIN_POLLS: u64 = 10;
+
+/// The read-ahead bound, in records.
+fn bound(owned: usize, per_partition: usize) -> usize {
+    per_partition
+        .saturating_mul(owned.max(1))
+        .saturating_mul(READ_AHEAD)
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 /// Records polled but not yet in a batch.
 pub struct Intake<M> {
@@ -44,6 +62,8 @@ pub struct Intake<M> {
     /// Arrival counter: the order of records of one time.
     arrivals: u64,
     patience: Duration,
+    /// Polls of the consumer so far ([`Intake::polled`]).
+    polls: u64,
 }
 
 /// One partition's records, a lane per input topic.
@@ -51,8 +71,9 @@ struct Lanes<M> {
     /// (topic, lane): at most one per input topic, so a scan beats a map.
     lanes: Vec<(String, Lane<M>)>,
     len: usize,
-    /// Since when a lane has held this partition back (see [`PATIENCE`]).
-    waiting_since: Option<Instant>,
+    /// Since when a lane has held this partition back (see [`PATIENCE`]), and the intake's
+    /// poll count then.
+    waiting_since: Option<(Instant, u64)>,
 }
 
 struct Lane<M> {
@@ -105,6 +126,7 @@ impl<M> Default for Intake<M> {
             len: 0,
             arrivals: 0,
             patience: PATIENCE,
+            polls: 0,
         }
     }
 }
@@ -136,7 +158,11 @@ impl<M> Lanes<M> {
             .lanes
             .iter()
             .any(|(_, l)| l.queue.is_empty() && l.is_behind() && time > l.last_time);
-        if held { Next::Held } else { Next::Lane(i) }
+        if held {
+            Next::Held(time)
+        } else {
+            Next::Lane(i)
+        }
     }
 
     fn lane(&mut self, topic: &str) -> &mut Lane<M> {
@@ -151,14 +177,15 @@ impl<M> Lanes<M> {
     }
 
     fn is_held(&self) -> bool {
-        matches!(self.next_lane(), Next::Held)
+        matches!(self.next_lane(), Next::Held(_))
     }
 
-    /// Stops waiting for the lanes that are behind with nothing waiting; says which.
-    fn give_up_waiting(&mut self) -> Vec<(String, Option<i64>, i64)> {
+    /// Stops waiting for the lanes that hold back a head of time `time` (behind, nothing
+    /// waiting, last delivered earlier); says which.
+    fn give_up_waiting(&mut self, time: i64) -> Vec<(String, Option<i64>, i64)> {
         let mut given_up = Vec::new();
         for (topic, lane) in &mut self.lanes {
-            if lane.queue.is_empty() && lane.is_behind() {
+            if lane.queue.is_empty() && lane.is_behind() && time > lane.last_time {
                 given_up.push((topic.clone(), lane.next, lane.behind_until.unwrap_or(0)));
                 lane.behind_until = None;
             }
@@ -170,7 +197,8 @@ impl<M> Lanes<M> {
 
 enum Next {
     Empty,
-    Held,
+    /// A lane that is behind holds back the head, of this time.
+    Held(i64),
     /// The index of the lane whose head comes next.
     Lane(usize),
 }
@@ -184,8 +212,15 @@ impl<M: Message> Intake<M> {
         }
     }
 
+    /// The consumer was polled once more: a lane that is waited for had that chance to deliver.
+    pub fn polled(&mut self) {
+        self.polls += 1;
+    }
+
     pub fn push(&mut self, m: M) {
-        let time = m.timestamp().to_millis();
+        // A producer's timestamp (a topic without LogAppendTime) counts at most up to now, as
+        // the partition's clock takes it: one from the future would starve its lane.
+        let time = m.timestamp().to_millis().map(|t| t.min(wall_ms()));
         let offset = m.offset();
         let lanes = self.by_partition.entry(m.partition()).or_default();
         let lane = lanes.lane(m.topic());
@@ -230,19 +265,36 @@ impl<M: Message> Intake<M> {
     }
 
     /// Whether polling should stop: every one of `owned` partitions has a full batch waiting,
-    /// or the read-ahead bound is reached. A partition that waits for a lane keeps polling on,
-    /// up to twice the bound.
+    /// or the read-ahead bound is reached. Never while a partition waits for a lane: only a
+    /// poll can bring what it waits for (memory is bounded by pausing the lanes that are
+    /// ahead instead, [`Intake::lanes_to_pause`]).
     pub fn is_full(&self, owned: usize, per_partition: usize) -> bool {
-        let owned = owned.max(1);
-        let bound = per_partition
-            .saturating_mul(owned)
-            .saturating_mul(READ_AHEAD);
         if self.by_partition.values().any(Lanes::is_held) {
-            return self.len >= bound.saturating_mul(2);
+            return false;
         }
-        self.len >= bound
-            || (self.by_partition.len() >= owned
+        self.len >= bound(owned, per_partition)
+            || (self.by_partition.len() >= owned.max(1)
                 && self.by_partition.values().all(|q| q.len >= per_partition))
+    }
+
+    /// The input partitions whose fetching should pause: once the read-ahead bound is reached,
+    /// the lanes holding records of a partition that waits for another of its lanes. None
+    /// otherwise: what was paused is resumed.
+    pub fn lanes_to_pause(&self, owned: usize, per_partition: usize) -> BTreeSet<(String, i32)> {
+        if self.len < bound(owned, per_partition) {
+            return BTreeSet::new();
+        }
+        self.by_partition
+            .iter()
+            .filter(|(_, lanes)| lanes.is_held())
+            .flat_map(|(p, lanes)| {
+                lanes
+                    .lanes
+                    .iter()
+                    .filter(|(_, l)| !l.queue.is_empty())
+                    .map(|(t, _)| (t.clone(), *p))
+            })
+            .collect()
     }
 
     /// The next batch: up to `per_partition` records of every partition, each topic's in offset
@@ -255,12 +307,18 @@ impl<M: Message> Intake<M> {
                 let i = match lanes.next_lane() {
                     Next::Empty => break,
                     Next::Lane(i) => i,
-                    Next::Held => {
-                        let since = *lanes.waiting_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() < self.patience {
+                    Next::Held(time) => {
+                        let (since, polls) = *lanes
+                            .waiting_since
+                            .get_or_insert((Instant::now(), self.polls));
+                        // Patience counts while the consumer is polled: a long batch of other
+                        // partitions gave the lane no chance to deliver.
+                        if since.elapsed() < self.patience
+                            || self.polls.saturating_sub(polls) < MIN_POLLS
+                        {
                             break;
                         }
-                        for (topic, next, end) in lanes.give_up_waiting() {
+                        for (topic, next, end) in lanes.give_up_waiting(time) {
                             log::warn!(
                                 "{topic} partition {partition}: read up to offset {next:?} of \
                                  the {end} it held when assigned, and nothing more for {:?}; \
@@ -414,7 +472,59 @@ mod tests {
         assert_eq!(topics(&intake.take(10)), [("proposals".to_owned(), 100)]);
         assert!(intake.take(10).is_empty(), "offset 101 may still come");
         std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            intake.take(10).is_empty(),
+            "the time passed, but the consumer was not polled meanwhile"
+        );
+        for _ in 0..MIN_POLLS {
+            intake.polled();
+        }
         assert_eq!(topics(&intake.take(10)), [("approvals".to_owned(), 7)]);
+    }
+
+    #[test]
+    fn a_waiting_partition_keeps_polling_and_pauses_its_lanes_ahead_at_the_bound() {
+        let mut intake = Intake::default();
+        intake.catch_up([("approvals".to_owned(), 0, 7, 8)]);
+        // Proposals pile up while the approvals lane has delivered nothing.
+        let bound = 2 * READ_AHEAD;
+        for o in 0..bound as i64 - 1 {
+            intake.push(at("proposals", o, 10 + o));
+        }
+        assert!(intake.take(2).is_empty());
+        assert!(intake.lanes_to_pause(1, 2).is_empty(), "below the bound");
+        intake.push(at("proposals", 100, 200));
+        assert!(!intake.is_full(1, 2), "only a poll brings the approval");
+        assert_eq!(
+            intake.lanes_to_pause(1, 2),
+            BTreeSet::from([("proposals".to_owned(), 0)])
+        );
+        intake.push(at("approvals", 7, 5));
+        assert_eq!(
+            topics(&intake.take(2)),
+            [("approvals", 7), ("proposals", 0)].map(|(t, o)| (t.to_owned(), o))
+        );
+        assert!(intake.lanes_to_pause(1, 2).is_empty(), "the wait is over");
+    }
+
+    #[test]
+    fn a_producer_time_from_the_future_counts_as_now() {
+        let mut intake = Intake::default();
+        let future = wall_ms() + 3_600_000;
+        intake.push(OwnedMessage::new(
+            None,
+            None,
+            "proposals".to_owned(),
+            Timestamp::CreateTime(future),
+            0,
+            0,
+            None,
+        ));
+        intake.push(at("approvals", 0, wall_ms() + 60_000));
+        assert_eq!(
+            topics(&intake.take(10)),
+            [("proposals", 0), ("approvals", 0)].map(|(t, o)| (t.to_owned(), o))
+        );
     }
 
     #[test]

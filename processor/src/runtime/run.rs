@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use airlock_schemas::Codec;
+use airlock_schemas::{Codec, SchemaIds};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
@@ -53,6 +53,7 @@ use super::partition::{self, PartitionTask, Source};
 use super::produce::{self, Producer};
 use super::rejoin::Rejoin;
 use super::restore::{self, Claim};
+use super::schema_registry;
 use super::telemetry::{LAG_INTERVAL, Telemetry};
 
 /// How long the end of one input partition is asked for after a rebalance.
@@ -79,6 +80,9 @@ pub enum Error {
     Telemetry(#[from] server::Error),
     #[error("rebalance: {0}")]
     Rebalance(String),
+    /// The schema registry (`schema_registry.url`) unreachable, a subject missing, ...
+    #[error("{0:#}")]
+    SchemaRegistry(anyhow::Error),
     #[error(
         "{topic} partition {partition}: the consumer delivered offset {got} where {expected} was \
          next ({why}); refusing to skip input (the outbox and offsets are intact: restart resumes \
@@ -320,6 +324,48 @@ impl Ctx {
     }
 }
 
+/// Pauses the fetching of the input partitions in `want` not paused yet and resumes the paused
+/// ones no longer in it (see `Intake::lanes_to_pause`). A failure is logged and tried again at
+/// the next batch; meanwhile the intake is bounded only by librdkafka's own prefetch limits.
+fn sync_pauses<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    paused: &mut BTreeSet<(String, i32)>,
+    want: BTreeSet<(String, i32)>,
+) {
+    let list = |set: &BTreeSet<(String, i32)>| {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, p) in set {
+            tpl.add_partition(topic, *p);
+        }
+        tpl
+    };
+    let pause: BTreeSet<(String, i32)> = want.difference(paused).cloned().collect();
+    let resume: BTreeSet<(String, i32)> = paused.difference(&want).cloned().collect();
+    if !pause.is_empty() {
+        match consumer.pause(&list(&pause)) {
+            Ok(()) => {
+                log::info!(
+                    "pausing {pause:?}: their partitions wait for another input topic to catch \
+                     up, and the read-ahead bound is reached"
+                );
+                paused.extend(pause);
+            }
+            Err(e) => log::warn!("pausing {pause:?}: {e}"),
+        }
+    }
+    if !resume.is_empty() {
+        match consumer.resume(&list(&resume)) {
+            Ok(()) => {
+                log::info!("resuming {resume:?}");
+                for r in &resume {
+                    paused.remove(r);
+                }
+            }
+            Err(e) => log::warn!("resuming {resume:?}: {e}"),
+        }
+    }
+}
+
 /// Where each owned input partition's reading starts: `(topic, partition, stored offset)`.
 fn starts(
     tasks: &BTreeMap<i32, PartitionTask>,
@@ -541,6 +587,24 @@ fn run_loop(
     telemetry: &Arc<Telemetry>,
 ) -> Result<Summary> {
     let names = Names::new(&config.topics.prefix);
+    // With a schema registry, the ids of every registered version of the inputs' schemas (and
+    // the outputs'), so that Confluent-framed inputs are read; a missing subject stops here.
+    let schema_ids = match config.schema_registry.url.trim() {
+        "" => SchemaIds::new(),
+        url => {
+            let mut subjects = schema_registry::input_subjects(&names);
+            subjects.extend(schema_registry::output_subjects(&names));
+            let ids = schema_registry::Client::new(url)
+                .and_then(|client| schema_registry::resolve(&client, &subjects))
+                .map_err(|e| {
+                    Error::SchemaRegistry(e.context(format!(
+                        "resolving Airlock's schema ids in the schema registry {url}"
+                    )))
+                })?;
+            log::info!("schema registry {url}: {} schema ids resolved", ids.len());
+            ids
+        }
+    };
     let connectors: BTreeSet<String> = core
         .registry()
         .tools()
@@ -605,7 +669,9 @@ fn run_loop(
     let claim = Arc::new(Claim {
         core: core.clone(),
         names: names.clone(),
-        codec: Codec::new().with_max_payload_bytes(config.kafka.max_payload_bytes()),
+        codec: Codec::new()
+            .with_max_payload_bytes(config.kafka.max_payload_bytes())
+            .with_schema_ids(schema_ids),
         partitions: config.topics.partitions,
         output_topics,
         state_dir: config.state.dir.clone(),
@@ -676,6 +742,8 @@ fn run_loop(
     let mut summary = Summary::default();
     let mut last_report = Instant::now();
     let mut intake = Intake::default();
+    // Input partitions whose fetching the intake asked to pause (`Intake::lanes_to_pause`).
+    let mut paused: BTreeSet<(String, i32)> = BTreeSet::new();
     let mut generation = lock(&shared).generation;
     let mut uncommitted = false;
     let mut last_group_commit = Instant::now();
@@ -695,7 +763,9 @@ fn run_loop(
             let Some(timeout) = config.batch.poll_timeout(first) else {
                 break;
             };
-            let Some(polled) = consumer.poll(timeout) else {
+            let polled = consumer.poll(timeout);
+            intake.polled();
+            let Some(polled) = polled else {
                 break;
             };
             let reassigned = {
@@ -713,10 +783,12 @@ fn run_loop(
                     None
                 }
             };
-            if let Some(starts) = reassigned
-                && config.kafka.compatibility.high_watermark_is_end()
-            {
-                intake.catch_up(catch_up_ends(&consumer, starts));
+            if let Some(starts) = reassigned {
+                // The new assignment starts unpaused.
+                paused.clear();
+                if config.kafka.compatibility.high_watermark_is_end() {
+                    intake.catch_up(catch_up_ends(&consumer, starts));
+                }
             }
             match polled {
                 Ok(m) if sources.contains_key(m.topic()) => {
@@ -734,6 +806,11 @@ fn run_loop(
         if let Some(e) = lock(&shared).fatal.take() {
             return Err(e);
         }
+        sync_pauses(
+            &consumer,
+            &mut paused,
+            intake.lanes_to_pause(owned, per_partition),
+        );
         let records = intake.take(per_partition);
         if log::log_enabled!(log::Level::Debug) && !records.is_empty() {
             let wall = wall_ms();
