@@ -35,7 +35,10 @@ async fn an_approval_read_before_its_proposal_waits_for_it() -> anyhow::Result<(
     if !a.config.kafka.compatibility.high_watermark_is_end() {
         // Catch-up ordering needs each input partition's end at assignment; a broker whose
         // watermark lags (`compat`) gets none, and its catch-up is decided in arrival order.
-        eprintln!("skipped: {} reports no usable high watermark", a.config.kafka.compatibility);
+        eprintln!(
+            "skipped: {} reports no usable high watermark",
+            a.config.kafka.compatibility
+        );
         return Ok(());
     }
     let producer = a.producer()?;
