@@ -49,14 +49,6 @@ impl std::fmt::Debug for ChangelogEffects {
 impl ChangelogEffects {
     /// Takes the next changelog record of `partition`, in log order.
     pub fn read(&mut self, partition: i32, codec: &Codec, s: &Scanned<'_>) {
-        match s.admit {
-            Admit::Accept => {}
-            Admit::Fenced { .. } => {
-                self.fenced += 1;
-                return;
-            }
-            Admit::Marker(_) | Admit::Forged(_) => return,
-        }
         let mut batch_end = false;
         let mut epoch = 0;
         if let Some(headers) = s.headers {
@@ -74,21 +66,42 @@ impl ChangelogEffects {
                 }
             }
         }
-        let record = match s.payload {
-            Some(payload) => match codec.decode_as::<ChangelogRecord>(payload) {
-                Ok(r) => r,
+        let record = match (s.admit, s.payload) {
+            (Admit::Fenced { .. } | Admit::Marker(_) | Admit::Forged(_), _) => None,
+            (Admit::Accept, Some(payload)) => match codec.decode_as::<ChangelogRecord>(payload) {
+                Ok(r) => Some(r),
                 Err(_) => {
                     self.undecodable += 1;
                     return;
                 }
             },
-            None => match tombstone(partition, epoch, s.key) {
-                Some(r) => r,
+            (Admit::Accept, None) => match tombstone(partition, epoch, s.key) {
+                Some(r) => Some(r),
                 None => {
                     self.undecodable += 1;
                     return;
                 }
             },
+        };
+        self.take(s.offset, s.admit, record, batch_end);
+    }
+
+    /// Takes record `offset` as the fence classed it, decoded when accepted, and whether it
+    /// carried the batch-end header.
+    fn take(
+        &mut self,
+        offset: i64,
+        admit: Admit,
+        record: Option<ChangelogRecord>,
+        batch_end: bool,
+    ) {
+        let record = match (admit, record) {
+            (Admit::Accept, Some(record)) => record,
+            (Admit::Fenced { .. }, _) => {
+                self.fenced += 1;
+                return;
+            }
+            _ => return,
         };
         // As a restore reads it: a batch's last row carries the end header, or (rows written
         // before the header existed) the input offsets.
@@ -108,7 +121,7 @@ impl ChangelogEffects {
         } else {
             return;
         };
-        for (_, record) in self.batches.row(s.offset, Row { record, ends_batch }) {
+        for (_, record) in self.batches.row(offset, Row { record, ends_batch }) {
             self.apply(record);
         }
     }
@@ -139,5 +152,111 @@ impl ChangelogEffects {
     /// The effects of every whole batch read, by operation key.
     pub fn into_effects(self) -> BTreeMap<String, EffectRecord> {
         self.effects
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use airlock_schemas::StateTable;
+
+    use super::*;
+    use crate::core::record::State;
+    use crate::sample;
+
+    fn effect_row(key: &str, state: State) -> ChangelogRecord {
+        let rec = sample::effect_record(key, state);
+        row(
+            StateTable::Effect,
+            key,
+            Some(crate::store::codec::frame(
+                &serde_json::to_string(&rec).unwrap(),
+                None,
+            )),
+        )
+    }
+
+    fn row(table: StateTable, key: &str, value: Option<Vec<u8>>) -> ChangelogRecord {
+        ChangelogRecord {
+            partition: 0,
+            owner_epoch: 1,
+            table,
+            key: key.as_bytes().to_vec(),
+            value,
+            input_offsets: Vec::new(),
+            written_at: 0,
+        }
+    }
+
+    fn meta_end() -> ChangelogRecord {
+        row(StateTable::Meta, "journal_sequence", Some(vec![0]))
+    }
+
+    fn states(e: ChangelogEffects) -> Vec<(String, &'static str)> {
+        e.into_effects()
+            .into_iter()
+            .map(|(k, r)| (k, r.effect_state().as_str()))
+            .collect()
+    }
+
+    const UNKNOWN: State = State::Unknown {
+        since: 1,
+        rounds: 2,
+        next_reconcile_at: 3,
+    };
+
+    #[test]
+    fn only_whole_batches_count_and_fenced_rows_and_markers_do_not() {
+        let mut e = ChangelogEffects::default();
+        e.take(0, Admit::Accept, Some(effect_row("k1", UNKNOWN)), false);
+        e.take(1, Admit::Accept, Some(meta_end()), true);
+        // A zombie's row behind the fence, a marker, then a batch cut short by a crash.
+        e.take(
+            2,
+            Admit::Fenced {
+                owner_epoch: 1,
+                fence: 2,
+            },
+            Some(effect_row("k2", UNKNOWN)),
+            true,
+        );
+        e.take(3, Admit::Marker(2), None, false);
+        e.take(4, Admit::Accept, Some(effect_row("k3", UNKNOWN)), false);
+        assert_eq!(e.fenced, 1);
+        assert_eq!(states(e), [("k1".to_owned(), "UNKNOWN")]);
+    }
+
+    #[test]
+    fn a_later_row_replaces_and_a_tombstone_deletes() {
+        let mut e = ChangelogEffects::default();
+        e.take(0, Admit::Accept, Some(effect_row("k1", UNKNOWN)), false);
+        e.take(1, Admit::Accept, Some(effect_row("k2", UNKNOWN)), true);
+        let committed = State::Committed {
+            receipt: String::new(),
+            evidence: String::new(),
+            settled_at: 5,
+        };
+        e.take(2, Admit::Accept, Some(effect_row("k1", committed)), false);
+        e.take(
+            3,
+            Admit::Accept,
+            Some(row(StateTable::Effect, "k2", None)),
+            false,
+        );
+        e.take(4, Admit::Accept, Some(meta_end()), true);
+        assert_eq!(states(e), [("k1".to_owned(), "COMMITTED")]);
+    }
+
+    #[test]
+    fn a_row_that_does_not_decode_is_counted() {
+        let mut e = ChangelogEffects::default();
+        e.take(
+            0,
+            Admit::Accept,
+            Some(row(StateTable::Effect, "k1", Some(b"not a row".to_vec()))),
+            true,
+        );
+        assert_eq!(e.undecodable, 1);
+        assert!(states(e).is_empty());
     }
 }
