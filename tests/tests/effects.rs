@@ -76,10 +76,13 @@ async fn effects_are_listed_by_state_from_the_changelog_across_instances() -> an
         },
     )
     .await?;
-    assert_eq!(listed(&a, &stuck_states)?, [stuck.operation_key.clone()]);
+    assert_eq!(
+        listed(&a, &stuck_states)?,
+        std::slice::from_ref(&stuck.operation_key)
+    );
     assert_eq!(
         listed(&a, &["--state", "AWAITING_APPROVAL"])?,
-        [waiting.operation_key.clone()]
+        std::slice::from_ref(&waiting.operation_key)
     );
     let mut all = listed(&a, &[])?;
     all.sort();
@@ -89,7 +92,7 @@ async fn effects_are_listed_by_state_from_the_changelog_across_instances() -> an
     assert!(listed(&a, &["--tool", "send_email"])?.is_empty());
     assert_eq!(
         listed(&a, &["--run", &stuck.run_id])?,
-        [stuck.operation_key.clone()],
+        std::slice::from_ref(&stuck.operation_key),
         "the other refund is of another run"
     );
     assert!(listed(&a, &["--run", "no-such-run"])?.is_empty());
