@@ -3,13 +3,15 @@
 # clippy with warnings denied, rustdoc with warnings denied (broken or ambiguous intra-doc
 # links), the Python and TypeScript clients' contract tests, and every test of the workspace
 # (among them the Python client, its MCP gateway and adapters, and the TypeScript client
-# against a live Airlock: tests/python_client.rs, tests/typescript_client.rs), then a minute of
+# against a live Airlock: tests/python_client.rs, tests/typescript_client.rs; the Python client
+# against a schema registry too: tests/schema_registry.rs), then a minute of
 # fuzzing per fuzz target (fuzz/).
 #
 # Knobs (environment):
 #   CARGO_TARGET_DIR   build outputs; default $HOME/.cache/airlock/target (outside the clone, so
 #                      a fresh clone reuses earlier builds)
-#   AIRLOCK_CACHE      the brokers' jars and binaries, the Python environment; default
+#   AIRLOCK_CACHE      the brokers' jars and binaries, the schema registry, the Python
+#                      environment; default
 #                      $HOME/.cache/airlock
 #   AIRLOCK_SKIP_APT=1 never call apt-get (you installed the packages yourself)
 #   AIRLOCK_TEST_BROKER  the integration tests' broker: kafka (default: Apache Kafka 4.4 started
@@ -40,6 +42,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "brokers (fetched once into the cache)"
 "$root/deploy/broker/kafka/install.sh" >/dev/null
+# The schema registry of tests/tests/schema_registry.rs (Apicurio, a Maven build of about 40 s
+# on a fresh machine, nothing after): installed here so that the tests only start it.
+"$root/deploy/broker/registry/install.sh" >/dev/null
 if [ "${AIRLOCK_TEST_BROKER:-kafka}" = "tansu" ]; then
   "$root/deploy/broker/tansu/install.sh" >/dev/null
 fi
@@ -75,7 +80,8 @@ AIRLOCK_PYTHON="$(cat "$python_out")"
 export AIRLOCK_PYTHON
 rm -f "$python_out" "$python_err"
 "$AIRLOCK_PYTHON" -m pytest -q -p no:cacheprovider "$root/clients/python/tests" \
-  --ignore="$root/clients/python/tests/integration" --ignore="$root/clients/python/tests/forged"
+  --ignore="$root/clients/python/tests/integration" --ignore="$root/clients/python/tests/forged" \
+  --ignore="$root/clients/python/tests/registry"
 
 step "the TypeScript client: its package, and its contract tests against the shared vectors"
 if ! wait "$typescript_pid"; then

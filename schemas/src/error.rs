@@ -70,7 +70,11 @@ pub enum Error {
 
     /// A Confluent payload whose schema id is not registered in the [`SchemaIds`](crate::SchemaIds)
     /// in use (foreign payload).
-    #[error("foreign payload: schema id {id} is not registered")]
+    #[error(
+        "foreign payload: Confluent schema id {id} is none of Airlock's schemas known to this \
+         reader (registered for another schema, unknown to the registry, or no \
+         schema_registry.url configured)"
+    )]
     UnknownSchemaId {
         /// Schema id found in the header.
         id: u32,

@@ -402,7 +402,8 @@ impl Airlock {
             )
             .env("AIRLOCK_REGISTRY", &config.tools.registry)
             .env("AIRLOCK_POLICIES", &config.tools.policies)
-            .env("AIRLOCK_ENTITIES", &config.tools.entities);
+            .env("AIRLOCK_ENTITIES", &config.tools.entities)
+            .env("AIRLOCK_SCHEMA_REGISTRY_URL", &config.schema_registry.url);
         Ok(command)
     }
 

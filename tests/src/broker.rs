@@ -29,7 +29,7 @@ const STARTUP: Duration = Duration::from_secs(240);
 /// How many ports a start tries before it gives up.
 const PORT_ATTEMPTS: u32 = 5;
 /// Exit status of the broker scripts when a port was taken.
-const PORT_TAKEN: i32 = 75;
+pub(crate) const PORT_TAKEN: i32 = 75;
 
 /// Which kind of broker the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,7 +354,7 @@ fn pid_files(dir: &Path) -> Vec<PathBuf> {
 /// A base for `count` consecutive ports, below Linux's ephemeral range (32768 and up) so that
 /// clients' outgoing connections never hold them; spread by time, pid and a counter so that
 /// concurrent tests rarely collide (a collision is retried by the caller).
-fn pick_port_base(count: u32) -> u16 {
+pub(crate) fn pick_port_base(count: u32) -> u16 {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     const LOW: u32 = 20_000;
     const HIGH: u32 = 32_000;

@@ -6,6 +6,7 @@
 pub mod airlock;
 pub mod broker;
 pub mod connector;
+pub mod registry;
 pub mod workload;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -17,6 +17,7 @@ from .client import (
 )
 from .fence import FenceFilter, MarkerVerifier, fence_message
 from .partitioner import murmur2, partition_for
+from .registry import RegistryError, SchemaRegistry
 
 __all__ = [
     "AirlockError",
@@ -29,6 +30,8 @@ __all__ = [
     "FenceFilter",
     "MarkerVerifier",
     "Refused",
+    "RegistryError",
+    "SchemaRegistry",
     "Settlement",
     "TimedOut",
     "arguments_hash",

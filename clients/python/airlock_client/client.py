@@ -33,6 +33,7 @@ from . import codec
 from .canonical import canonicalize
 from .fence import ACCEPT, BARRIER_KIND, FORGED, KIND, FenceFilter, MarkerVerifier
 from .partitioner import LIBRDKAFKA_PARTITIONER, partition_for
+from .registry import SchemaRegistry, topic_subject
 
 log = logging.getLogger("airlock_client")
 
@@ -390,6 +391,11 @@ class Client:
     ``capacity``: how many operation keys' answers the reader keeps in memory.
     ``schema_id``: publish in the Confluent wire format with this registry id of the
     ToolProposal schema instead of Avro single-object encoding.
+    ``schema_registry_url``: publish in the Confluent wire format with the id a
+    Confluent-compatible schema registry gives the ToolProposal schema under the subject
+    ``<topic_prefix>proposals-value`` (looked up once, at construction; the processor must run
+    with the same ``schema_registry.url``); ``register_schema=True`` registers it when the
+    subject lacks it (``airlock topics create`` normally does). Not with ``schema_id``.
     ``verifying_keys``: the processor's capability verifying keys (paths of the ``.pub``
     files ``airlock keygen`` writes, or 32 key bytes; several during a rotation). With them, a
     fence marker raises the reader's fence only when its signature verifies, so that a forged
@@ -406,6 +412,8 @@ class Client:
         kafka: Optional[Mapping[str, Any]] = None,
         capacity: int = 100_000,
         schema_id: Optional[int] = None,
+        schema_registry_url: Optional[str] = None,
+        register_schema: bool = False,
         timeout: float = 30.0,
         verifying_keys: Optional[Sequence[Union[str, bytes, "os.PathLike[str]"]]] = None,
     ):
@@ -415,6 +423,12 @@ class Client:
         self.proposals = f"{topic_prefix}proposals"
         self.decisions = f"{topic_prefix}decisions"
         self.outcomes = f"{topic_prefix}outcomes"
+        if schema_registry_url:
+            if schema_id is not None:
+                raise ValueError("give schema_id or schema_registry_url, not both")
+            schema_id = SchemaRegistry(schema_registry_url, timeout=min(timeout, 10.0)).schema_id(
+                topic_subject(self.proposals), "ToolProposal", register=register_schema
+            )
         self.schema_id = schema_id
         self._producer = Producer(
             {

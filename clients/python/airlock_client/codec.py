@@ -40,12 +40,13 @@ class CodecError(ValueError):
 
 
 class _Version:
-    __slots__ = ("record", "version", "schema", "fingerprint")
+    __slots__ = ("record", "version", "schema", "fingerprint", "text")
 
-    def __init__(self, record: str, version: int, schema: Any):
+    def __init__(self, record: str, version: int, schema: Any, text: str = ""):
         self.record = record
         self.version = version
         self.schema = schema
+        self.text = text
         self.fingerprint = bytes.fromhex(
             _fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO")
         )
@@ -60,8 +61,9 @@ def _load() -> Tuple[Dict[str, _Version], Dict[bytes, _Version]]:
         for entry in (root / record).iterdir():
             name = entry.name
             if name.startswith("v") and name.endswith(".avsc"):
-                schema = fastavro.parse_schema(json.loads(entry.read_text("utf-8")))
-                versions.append(_Version(record, int(name[1:-5]), schema))
+                text = entry.read_text("utf-8")
+                schema = fastavro.parse_schema(json.loads(text))
+                versions.append(_Version(record, int(name[1:-5]), schema, text))
         if not versions:
             raise RuntimeError(f"no schema of {record} in the package")
         versions.sort(key=lambda v: v.version)
@@ -77,6 +79,12 @@ _CURRENT, _BY_FINGERPRINT = _load()
 def fingerprint(record: str) -> bytes:
     """The 8 header bytes of ``record``'s current schema in single-object encoding."""
     return _CURRENT[record].fingerprint
+
+
+def schema_text(record: str) -> str:
+    """The ``.avsc`` text of ``record``'s current schema, as shipped (and as ``airlock topics
+    create`` registers it in a schema registry)."""
+    return _CURRENT[record].text
 
 
 def _datum(record: str, value: Mapping[str, Any]) -> bytes:

@@ -1,5 +1,6 @@
 //! `airlock topics create`: every topic Airlock needs, co-partitioned; refuses to proceed when
-//! existing topics have another partition count.
+//! existing topics have another partition count. With `schema_registry.url` set, it also
+//! registers every version of Airlock's schemas there (see `runtime::schema_registry`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use anyhow::Context;
 
 use crate::core::registry::Registry;
 use crate::runtime::config::Config;
+use crate::runtime::schema_registry;
 use crate::runtime::topics::{self, Names};
 
 #[derive(Debug, clap::Args)]
@@ -95,6 +97,12 @@ pub fn create(config: &Config, timeout: Duration, out: &mut impl Write) -> anyho
             "exists   {name} ({} partitions)",
             config.topics.partitions
         )?;
+    }
+    let url = config.schema_registry.url.trim();
+    if !url.is_empty() {
+        let client = schema_registry::Client::new(url)?;
+        schema_registry::register(&client, &Names::new(&config.topics.prefix), out)
+            .with_context(|| format!("registering Airlock's schemas in {url}"))?;
     }
     Ok(())
 }

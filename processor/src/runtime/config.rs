@@ -39,6 +39,7 @@
 //! | `telemetry.listen` | `AIRLOCK_TELEMETRY_LISTEN` | empty: no endpoint (`0.0.0.0:9464` in a container) |
 //! | `telemetry.stall_after_ms` | `AIRLOCK_TELEMETRY_STALL_AFTER_MS` | `60000` |
 //! | `telemetry.otlp_endpoint` | `AIRLOCK_TELEMETRY_OTLP_ENDPOINT` | empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set, else no export |
+//! | `schema_registry.url` (a Confluent-compatible schema registry's base URL; see [`super::schema_registry`]) | `AIRLOCK_SCHEMA_REGISTRY_URL` | empty: no registry, inputs in Confluent framing are dead-lettered |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -83,6 +84,18 @@ pub struct Config {
     pub capability: Capability,
     pub receipts: Receipts,
     pub telemetry: Telemetry,
+    pub schema_registry: SchemaRegistry,
+}
+
+/// A Confluent-compatible schema registry (see [`super::schema_registry`]).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchemaRegistry {
+    /// Base URL of the registry's Confluent API (`http://registry:8081`, or Apicurio's
+    /// `http://registry:8080/apis/ccompat/v7`; plain HTTP). Set: `airlock topics create`
+    /// registers Airlock's schemas there, and `airlock run` resolves their ids at start so that
+    /// inputs in Confluent framing are read. Empty: no registry.
+    pub url: String,
 }
 
 /// Signed receipts of final outcomes and refusals (see `crate::receipt`).
@@ -736,6 +749,7 @@ impl Config {
             "AIRLOCK_TELEMETRY_OTLP_ENDPOINT",
             &mut self.telemetry.otlp_endpoint,
         );
+        env.take("AIRLOCK_SCHEMA_REGISTRY_URL", &mut self.schema_registry.url);
         Ok(())
     }
 
@@ -804,6 +818,13 @@ impl Config {
             return invalid(
                 "telemetry.stall_after_ms",
                 "must be at least 1000 and at least batch.flush_interval_ms",
+            );
+        }
+        let url = self.schema_registry.url.trim();
+        if !url.is_empty() && !url.starts_with("http://") {
+            return invalid(
+                "schema_registry.url",
+                "must be an http:// URL (the registry's Confluent API; HTTPS is not supported)",
             );
         }
         Ok(())

@@ -35,6 +35,7 @@ pub mod rejoin;
 pub mod restore;
 pub mod run;
 pub mod scan;
+pub mod schema_registry;
 pub mod signals;
 pub mod telemetry;
 pub mod topics;

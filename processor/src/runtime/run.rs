@@ -597,9 +597,9 @@ fn run_loop(
             let ids = schema_registry::Client::new(url)
                 .and_then(|client| schema_registry::resolve(&client, &subjects))
                 .map_err(|e| {
-                    Error::SchemaRegistry(e.context(format!(
-                        "resolving Airlock's schema ids in the schema registry {url}"
-                    )))
+                    Error::SchemaRegistry(
+                        e.context("resolving Airlock's schema ids (schema_registry.url)"),
+                    )
                 })?;
             log::info!("schema registry {url}: {} schema ids resolved", ids.len());
             ids

@@ -1,0 +1,334 @@
+//! Airlock with a real Confluent-compatible schema registry (Apicurio, started by the harness)
+//! and a real broker: `airlock topics create` registers every schema version under its subject
+//! with BACKWARD compatibility (a second run registers nothing), the registry refuses an
+//! incompatible change, a processor refuses to start before the subjects exist, and once they
+//! do it decides Confluent-framed proposals exactly as single-object ones, while a Confluent
+//! payload whose id is none of Airlock's schemas is dead-lettered with its reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_processor::runtime::schema_registry::{self, Client};
+use airlock_processor::runtime::wire::{Admit, header};
+use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
+use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::eventually;
+use airlock_tests::registry::Registry;
+use airlock_tests::workload::{self, Lcg};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Runs blocking registry calls off the async runtime (the client is blocking).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+/// The subjects the registry lists.
+async fn listed_subjects(url: &str) -> anyhow::Result<Vec<String>> {
+    let url = format!("{url}/subjects");
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "-m", "10", "--fail", &url])
+        .output()
+        .await?;
+    anyhow::ensure!(out.status.success(), "GET {url}: {out:?}");
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Every decision replying to a proposal, by proposal id, without what differs between two
+/// runs of the same inputs (the decision time).
+fn comparable(replies: BTreeMap<String, Decision>) -> BTreeMap<String, Decision> {
+    replies
+        .into_iter()
+        .map(|(id, mut d)| {
+            d.decided_at = 0;
+            (id, d)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_single_object()
+-> anyhow::Result<()> {
+    let registry = Registry::start().await?;
+    let mut single = Airlock::start_with("registry-so", 2, Options::default()).await?;
+    let mut confluent = single
+        .alongside("registry-cf", 2, Options::default())
+        .await?;
+    single.config.schema_registry.url = registry.url.clone();
+    confluent.config.schema_registry.url = registry.url.clone();
+
+    // Before the subjects exist, a processor with the registry refuses to start.
+    let early = confluent.spawn("early")?;
+    eventually("the processor without subjects to stop", WAIT, async || {
+        Ok((!early.is_running()).then_some(()))
+    })
+    .await?;
+    let refused = early.stop().expect_err("no subjects yet").to_string();
+    eprintln!("a processor before the subjects exist: {refused}");
+    assert!(
+        refused.contains("is missing") && refused.contains("airlock topics create"),
+        "{refused}"
+    );
+
+    // `airlock topics create` registers every version, oldest first, under BACKWARD.
+    let (ok, out, err) = confluent.cli(&["topics", "create"])?;
+    assert!(ok, "topics create failed: {err}\n{out}");
+    eprintln!("airlock topics create:\n{out}");
+    let proposals_subject = format!("{}-value", confluent.names.proposals());
+    assert!(
+        out.lines().any(|l| l
+            .starts_with(&format!("schema   {proposals_subject} (BACKWARD): v1 id"))
+            && l.ends_with("(new)")),
+        "{out}"
+    );
+    let reconcile = RecordKind::ReconcileCommand.full_name();
+    assert!(
+        out.lines()
+            .any(|l| l.contains(reconcile) && l.contains(" v1 id ") && l.contains(" v2 id ")),
+        "{out}"
+    );
+    let subjects = listed_subjects(&registry.url).await?;
+    for subject in schema_registry::subjects(&confluent.names) {
+        assert!(
+            subjects.contains(&subject.name),
+            "{subject:?} in {subjects:?}"
+        );
+    }
+    let url = registry.url.clone();
+    let names = confluent.names.clone();
+    let (reconcile_versions, levels) = blocking(move || {
+        let client = Client::new(&url)?;
+        let versions = client.versions(reconcile)?;
+        let mut levels = Vec::new();
+        for subject in schema_registry::subjects(&names) {
+            levels.push((subject.name.clone(), client.compatibility(&subject.name)?));
+        }
+        Ok((versions, levels))
+    })
+    .await?;
+    assert_eq!(reconcile_versions, Some(vec![1, 2]));
+    for (subject, level) in levels {
+        assert_eq!(level.as_deref(), Some("BACKWARD"), "{subject}");
+    }
+
+    // A second run registers nothing.
+    let (ok, again, err) = confluent.cli(&["topics", "create"])?;
+    assert!(ok, "{err}");
+    eprintln!("airlock topics create, again:\n{again}");
+    assert!(!again.contains("(new)"), "{again}");
+    assert!(again.contains(" v1 id "), "{again}");
+    let (ok, out, err) = single.cli(&["topics", "create"])?;
+    assert!(ok, "{err}\n{out}");
+
+    // An incompatible change (a new field without a default) is refused with the registry's
+    // message; a schema that is none of Airlock's goes in under a subject of its own.
+    let mut avsc: serde_json::Value = serde_json::from_str(RecordKind::ToolProposal.avsc())?;
+    avsc["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "must_have", "type": "string"}));
+    let url = registry.url.clone();
+    let subject = proposals_subject.clone();
+    let (refusal, versions, proposal_id, foreign_id) = blocking(move || {
+        let client = Client::new(&url)?;
+        let refusal = client
+            .register(&subject, &avsc.to_string())
+            .expect_err("incompatible");
+        let versions = client.versions(&subject)?;
+        let (proposal_id, _) = client.version(&subject, 1)?;
+        let foreign = r#"{"type":"record","name":"Foreign","namespace":"elsewhere","fields":[{"name":"x","type":"long"}]}"#;
+        let foreign_id = client.register("elsewhere-value", foreign)?;
+        Ok((format!("{refusal:#}"), versions, proposal_id, foreign_id))
+    })
+    .await?;
+    eprintln!("an incompatible change: {refusal}");
+    assert!(
+        refusal.contains("HTTP 409") && refusal.contains("ncompatible"),
+        "{refusal}"
+    );
+    assert_eq!(versions, Some(vec![1]));
+    assert_ne!(proposal_id, foreign_id);
+
+    // The same proposals to both: single-object to one, Confluent-framed with the registry's
+    // id to the other; then a Confluent payload with the foreign schema's id, and one with an
+    // id the registry never gave.
+    let p_single = single.spawn("p1")?;
+    let p_confluent = confluent.spawn("p1")?;
+    let proposals: Vec<ToolProposal> = workload::proposals(24, now_ms(), &mut Lcg(7));
+    let producer = single.producer()?;
+    single
+        .send_many(&producer, &single.names.proposals(), &proposals, |p| {
+            p.operation_key.as_str()
+        })
+        .await?;
+    let codec =
+        Codec::new().with_schema_ids(SchemaIds::new().with(proposal_id, RecordKind::ToolProposal)?);
+    let topic = confluent.names.proposals();
+    for p in &proposals {
+        let payload = codec.encode_confluent(p)?;
+        assert_eq!(payload[0], 0);
+        assert_eq!(payload[1..5], proposal_id.to_be_bytes());
+        confluent
+            .send_raw(
+                &producer,
+                &topic,
+                Some(p.operation_key.as_bytes()),
+                &payload,
+            )
+            .await?;
+    }
+    let mut foreign = vec![0u8];
+    foreign.extend(foreign_id.to_be_bytes());
+    foreign.push(42); // the datum: a long 21
+    confluent
+        .send_raw(&producer, &topic, Some(b"refund:foreign"), &foreign)
+        .await?;
+    let mut never = vec![0u8];
+    never.extend(987_654_321u32.to_be_bytes());
+    never.extend(&codec.encode_confluent(&proposals[0])?[5..]);
+    confluent
+        .send_raw(&producer, &topic, Some(b"refund:never"), &never)
+        .await?;
+
+    let distinct: std::collections::BTreeSet<&str> =
+        proposals.iter().map(|p| p.proposal_id.as_str()).collect();
+    let expected = eventually("every single-object proposal answered", WAIT, async || {
+        let r = single.proposal_replies()?;
+        Ok((r.len() >= distinct.len()).then_some(r))
+    })
+    .await?;
+    let got = eventually(
+        "every Confluent-framed proposal answered",
+        WAIT,
+        async || {
+            let r = confluent.proposal_replies()?;
+            Ok((r.len() >= distinct.len()).then_some(r))
+        },
+    )
+    .await?;
+    assert_eq!(expected.len(), distinct.len());
+    assert_eq!(comparable(got), comparable(expected));
+    // Both dispatched the same commands.
+    let keys = |a: &Airlock| -> anyhow::Result<Vec<(String, i64)>> {
+        let mut k: Vec<_> = a
+            .dispatches()?
+            .into_iter()
+            .map(|d| (d.operation_key, d.epoch))
+            .collect();
+        k.sort();
+        Ok(k)
+    };
+    assert_eq!(keys(&confluent)?, keys(&single)?);
+    assert!(!keys(&single)?.is_empty());
+
+    let dlq = eventually("2 dead letters", WAIT, async || {
+        let r = confluent.read_topic(&confluent.names.dlq())?;
+        let r: Vec<_> = r.into_iter().filter(|r| r.admit == Admit::Accept).collect();
+        Ok((r.len() >= 2).then_some(r))
+    })
+    .await?;
+    assert_eq!(dlq.len(), 2, "{dlq:?}");
+    for record in &dlq {
+        let id = match record.key.as_deref() {
+            Some(b"refund:foreign") => foreign_id,
+            Some(b"refund:never") => 987_654_321,
+            other => panic!("unexpected dead letter {other:?}: {record:?}"),
+        };
+        assert_eq!(
+            record.header_str(header::DLQ_REASON),
+            Some("UNKNOWN_SCHEMA")
+        );
+        let detail = record.header_str(header::DLQ_DETAIL).unwrap_or_default();
+        assert!(
+            detail.contains(&format!("Confluent schema id {id} ")),
+            "{detail}"
+        );
+    }
+    assert!(
+        single
+            .read_topic(&single.names.dlq())?
+            .iter()
+            .all(|r| r.admit != Admit::Accept)
+    );
+
+    p_single.stop()?;
+    p_confluent.stop()?;
+    Ok(())
+}
+
+/// The interpreter with the Python client installed: `$AIRLOCK_PYTHON`, by default the virtual
+/// environment `deploy/dev/python.sh` prepares.
+fn python() -> anyhow::Result<std::path::PathBuf> {
+    let path = match std::env::var_os("AIRLOCK_PYTHON") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::PathBuf::from(std::env::var("HOME")?)
+            .join(".cache/airlock/python/bin/python"),
+    };
+    anyhow::ensure!(
+        path.exists(),
+        "no Python environment at {} (run deploy/dev/python.sh, or set AIRLOCK_PYTHON)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The Python client looks its schema id up in the registry and publishes Confluent-framed
+/// proposals, which the processor decides (`clients/python/tests/registry`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
+-> anyhow::Result<()> {
+    let python = python()?;
+    let registry = Registry::start().await?;
+    let mut a = Airlock::start_with("registry-py", 2, Options::default()).await?;
+    a.config.schema_registry.url = registry.url.clone();
+    let (ok, out, err) = a.cli(&["topics", "create"])?;
+    assert!(ok, "topics create failed: {err}\n{out}");
+    let url = registry.url.clone();
+    let subject = format!("{}-value", a.names.proposals());
+    let (proposal_id, _) = blocking(move || Client::new(&url)?.version(&subject, 1)).await?;
+    let processor = a.spawn("p1")?;
+
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pytest = tokio::process::Command::new(&python);
+    pytest
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
+        .arg(root.join("clients/python/tests/registry"))
+        .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
+        .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
+        .env("AIRLOCK_TEST_SCHEMA_REGISTRY", &registry.url)
+        .env("AIRLOCK_TEST_PROPOSAL_SCHEMA_ID", proposal_id.to_string())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(180), pytest.output()).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !stdout.contains("skipped"),
+        "the Python client's registry tests failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+
+    // What it published is in the Confluent wire format with the registry's id.
+    let published = a.read_topic(&a.names.proposals())?;
+    assert!(!published.is_empty());
+    for r in &published {
+        let value = r.value.as_deref().unwrap_or_default();
+        assert_eq!(value.first(), Some(&0u8), "{r:?}");
+        assert_eq!(
+            value.get(1..5),
+            Some(&proposal_id.to_be_bytes()[..]),
+            "{r:?}"
+        );
+    }
+    processor.stop()?;
+    Ok(())
+}
