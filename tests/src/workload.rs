@@ -10,7 +10,7 @@ use airlock_processor::core::{Input, TaskContext};
 use airlock_processor::sample;
 use airlock_processor::store::{MemoryBackend, StateStore};
 use airlock_processor::task::Task;
-use airlock_schemas::{Codec, Decision, ToolProposal, Verdict};
+use airlock_schemas::{Codec, Decision, JournalEvent, ToolProposal, Verdict};
 
 use crate::airlock::Airlock;
 
@@ -225,4 +225,28 @@ pub fn settled(decisions: Vec<Decision>, budget: i64) -> BTreeMap<String, Verdic
             }
         })
         .collect()
+}
+
+/// The journal of `key`, one line per event (owner epoch, kind, attempt epoch, verdict, state,
+/// evidence), for a failed test's message; empty when the journal cannot be read.
+pub fn story(a: &Airlock, key: &str) -> String {
+    let Ok(journal) = a.read_deduplicated::<JournalEvent>(&a.names.journal(), "journal") else {
+        return String::new();
+    };
+    let lines: Vec<String> = journal
+        .iter()
+        .filter(|j| j.operation_key.as_deref() == Some(key))
+        .map(|j| {
+            format!(
+                "  owner {} {} epoch {:?} {:?} {:?}: {}",
+                j.owner_epoch,
+                j.kind.as_str(),
+                j.epoch,
+                j.verdict,
+                j.state,
+                j.evidence.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    format!("{key}:\n{}", lines.join("\n"))
 }

@@ -21,6 +21,26 @@ use airlock_tests::eventually;
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// `airlock propose` of a refund of `arguments` under `key`, by agent-support-1 of tenant acme
+/// in run `run`.
+fn propose_refund<'a>(key: &'a str, arguments: &'a str, run: &'a str) -> [&'a str; 13] {
+    [
+        "propose",
+        "--tool",
+        "refund",
+        "--operation-key",
+        key,
+        "--arguments",
+        arguments,
+        "--tenant",
+        "acme",
+        "--principal",
+        "agent-support-1",
+        "--run-id",
+        run,
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Result<()> {
     let a = Airlock::start_with(
@@ -35,23 +55,7 @@ async fn an_approval_bound_to_the_reported_hash_dispatches_once() -> anyhow::Res
     let processor = a.spawn("p1")?;
     let key = "refund:txn_large";
     let arguments = sample::money_arguments("acme", "acct-42", 20_000, "EUR");
-    let propose = || {
-        a.cli(&[
-            "propose",
-            "--tool",
-            "refund",
-            "--operation-key",
-            key,
-            "--arguments",
-            &arguments,
-            "--tenant",
-            "acme",
-            "--principal",
-            "agent-support-1",
-            "--run-id",
-            "run-approve",
-        ])
-    };
+    let propose = || a.cli(&propose_refund(key, &arguments, "run-approve"));
     let approve_signed_by = |hash: &str, signer: Option<&str>| {
         let key_file = signer.map(|s| a.person_key_file(s).display().to_string());
         let mut args = vec![
@@ -210,23 +214,8 @@ async fn a_forged_fence_marker_does_not_hide_the_answer_from_a_verifying_reader(
             command.env("AIRLOCK_CAPABILITY_VERIFYING_KEY_FILES", file);
         }
         let out = command
-            .args([
-                "propose",
-                "--tool",
-                "refund",
-                "--operation-key",
-                key,
-                "--arguments",
-                &arguments,
-                "--tenant",
-                "acme",
-                "--principal",
-                "agent-support-1",
-                "--run-id",
-                "run-forged-marker",
-                "--timeout-seconds",
-                "20",
-            ])
+            .args(propose_refund(key, &arguments, "run-forged-marker"))
+            .args(["--timeout-seconds", "20"])
             .stdin(std::process::Stdio::null())
             .output()?;
         Ok((

@@ -15,15 +15,9 @@ use airlock_processor::sample;
 use airlock_schemas::{ApprovalVerdict, Decision, Reason, Verdict};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_is_decided_under_the_bundle_in_force_when_it_arrives() -> anyhow::Result<()> {

@@ -16,17 +16,11 @@ use airlock_processor::sample;
 use airlock_schemas::{Approval, ApprovalVerdict, Decision, Reason, ToolProposal, Verdict};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 const WAIT: Duration = Duration::from_secs(60);
 const WINDOW_MS: i64 = 15_000;
 const BACKLOG: usize = 3_000;
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// A refund above the automatic tier (it waits for approval) whose deadline, and so its
 /// approval window, ends `WINDOW_MS` after `now`.

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::capability::{self, SigningKey};
 use airlock_processor::core::canonical;
@@ -17,16 +17,10 @@ use airlock_schemas::{
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::{Keys, Ledger};
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 2;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 fn log_file(test: &str, what: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
@@ -118,7 +112,7 @@ async fn a_lost_response_is_unknown_then_reconciled_to_one_committed_effect() ->
     // The connector sends the operation key as the ledger's business reference.
     ledger.arm("drop-response", key).await?;
 
-    let first = sample::refund(key, 2_500, now_ms());
+    let first = sample::refund(key, 2_500, wall_ms());
     a.send(&producer, &a.names.proposals(), key, &first).await?;
     let unknown = eventually("an UNKNOWN outcome", WAIT, async || {
         Ok(outcomes_of(&a, key)?
@@ -181,7 +175,7 @@ async fn a_proven_refusal_is_retried_as_a_new_epoch_and_commits_once() -> anyhow
     let key = "refund:refused-1";
     ledger.arm("refuse", key).await?;
 
-    let proposal = sample::refund(key, 1_200, now_ms());
+    let proposal = sample::refund(key, 1_200, wall_ms());
     a.send(&producer, &a.names.proposals(), key, &proposal)
         .await?;
     let committed = settled(&a, key, &[&worker_log, &ledger_log]).await?;
@@ -247,7 +241,7 @@ async fn a_worker_calls_a_backlog_at_once_and_each_refund_commits_once() -> anyh
     let processor = a.spawn("p1")?;
     let producer = a.producer()?;
     let refunds: Vec<_> = (0..12)
-        .map(|i| sample::refund(&format!("refund:backlog-{i}"), 100 + i, now_ms()))
+        .map(|i| sample::refund(&format!("refund:backlog-{i}"), 100 + i, wall_ms()))
         .collect();
     a.send_many(&producer, &a.names.proposals(), &refunds, |p| {
         p.operation_key.as_str()
@@ -311,7 +305,7 @@ async fn a_slow_call_holds_one_slot_and_the_commands_after_it_go_on() -> anyhow:
     let processor = a.spawn("p1")?;
     let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
     let producer = a.producer()?;
-    let first = sample::refund(slow, 700, now_ms());
+    let first = sample::refund(slow, 700, wall_ms());
     a.send(&producer, &a.names.proposals(), slow, &first)
         .await?;
     eventually("the slow call under way", WAIT, async || {
@@ -323,7 +317,7 @@ async fn a_slow_call_holds_one_slot_and_the_commands_after_it_go_on() -> anyhow:
     .await?;
     // Read after the slow command, on its partition and the other one.
     let after: Vec<_> = (0..6)
-        .map(|i| sample::refund(&format!("refund:after-slow-{i}"), 100 + i, now_ms()))
+        .map(|i| sample::refund(&format!("refund:after-slow-{i}"), 100 + i, wall_ms()))
         .collect();
     a.send_many(&producer, &a.names.proposals(), &after, |p| {
         p.operation_key.as_str()
@@ -409,7 +403,7 @@ async fn commands_the_processor_did_not_sign_never_reach_the_ledger() -> anyhow:
     let worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
     let producer = a.producer()?;
     let topic = a.names.dispatch("ledger");
-    let now = now_ms();
+    let now = wall_ms();
     let intruder = capability::generate()?;
 
     let forged = command("refund:forged", 100, now, Some(&intruder));
@@ -607,7 +601,7 @@ async fn outcomes_no_worker_of_the_connector_signed_settle_nothing() -> anyhow::
     let producer = a.producer()?;
     // No ledger worker runs: nobody executes the dispatched refund.
     let key = "refund:nobody-ran";
-    let p = sample::refund(key, 700, now_ms());
+    let p = sample::refund(key, 700, wall_ms());
     a.send(&producer, &a.names.proposals(), key, &p).await?;
     a.await_replies([p.proposal_id.as_str()], WAIT).await?;
 
@@ -665,7 +659,7 @@ async fn a_restarted_worker_refuses_an_attempt_its_predecessor_started() -> anyh
     let producer = a.producer()?;
     let topic = a.names.dispatch("ledger");
     let codec = Codec::new();
-    let now = now_ms();
+    let now = wall_ms();
     let first = command("refund:restart-1", 300, now, Some(&keys.key));
     // A later command on the same partition: once it is answered, everything before it was.
     let later_key = (0..)
@@ -754,7 +748,7 @@ async fn an_unreconcilable_effect_waits_for_an_operator_and_airlock_settle_close
     let producer = a.producer()?;
     let key = "refund:settle-1";
     ledger.arm("drop-response", key).await?;
-    let first = sample::refund(key, 2_500, now_ms());
+    let first = sample::refund(key, 2_500, wall_ms());
     a.send(&producer, &a.names.proposals(), key, &first).await?;
     eventually("an UNKNOWN outcome", WAIT, async || {
         Ok(outcomes_of(&a, key)?
@@ -856,7 +850,7 @@ async fn a_worker_killed_mid_call_twenty_times_leaves_one_effect_per_key_and_not
     ledger.arm_always("delay=400").await?;
     let processor = a.spawn("p1")?;
     let producer = a.producer()?;
-    let now = now_ms();
+    let now = wall_ms();
     let ops: Vec<String> = (0..30).map(|i| format!("refund:kill-{i}")).collect();
     let sender = {
         let producer = producer.clone();

@@ -11,13 +11,7 @@ use std::time::Duration;
 use airlock_processor::sample;
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
+use airlock_tests::wall_ms;
 
 /// The operation keys `airlock effects list <args>` printed, one per line before its summary.
 fn listed(a: &Airlock, args: &[&str]) -> anyhow::Result<Vec<String>> {

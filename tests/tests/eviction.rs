@@ -190,25 +190,7 @@ async fn a_processor_evicted_while_frozen_writes_only_behind_the_fence() -> anyh
         // The journal of one refund that did not settle says what held it.
         let story = settled.as_ref().ok().and_then(|settled| {
             let key = sent.values().find(|k| !settled.contains_key(*k))?;
-            let journal = a
-                .read_deduplicated::<airlock_schemas::JournalEvent>(&a.names.journal(), "journal")
-                .ok()?;
-            let lines: Vec<String> = journal
-                .iter()
-                .filter(|j| j.operation_key.as_deref() == Some(key.as_str()))
-                .map(|j| {
-                    format!(
-                        "  owner {} {} epoch {:?} {:?} {:?}: {}",
-                        j.owner_epoch,
-                        j.kind.as_str(),
-                        j.epoch,
-                        j.verdict,
-                        j.state,
-                        j.evidence.as_deref().unwrap_or_default()
-                    )
-                })
-                .collect();
-            Some(format!("{key}:\n{}", lines.join("\n")))
+            Some(airlock_tests::workload::story(&a, key))
         });
         anyhow::anyhow!(
             "{e}: {:?} of {refunds} settled; logs in {}\n{}",

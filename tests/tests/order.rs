@@ -16,18 +16,12 @@ use airlock_processor::sample;
 use airlock_schemas::{Approval, ApprovalVerdict, Decision, Reason, ToolProposal, Verdict};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 /// Small refunds ahead of the large ones: several fetches' worth (librdkafka's default
 /// `max.partition.fetch.bytes` is 1 MiB, a proposal ~400 bytes).
 const BACKLOG: usize = 20_000;
 const LARGE: usize = 10;
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_read_before_its_proposal_waits_for_it() -> anyhow::Result<()> {

@@ -12,24 +12,18 @@
 //! A broker that does not compact (tansu 0.6, `compat::Broker::compacts`) skips it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::sample;
 use airlock_processor::store::keys::Table;
 use airlock_schemas::{ChangelogRecord, Codec, OutcomeKind, Reason, ToolProposal, Verdict};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 const WAIT: Duration = Duration::from_secs(120);
 const RETENTION_MS: u64 = 3_000;
 const CLOSED_RETENTION_MS: u64 = 25_000;
-
-fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// What the changelog holds for an effect's store key, in log order: `None` for a tombstone,
 /// else the stored value's text.

@@ -4,22 +4,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::runtime::wire::{Admit, header};
 use airlock_processor::sample;
 use airlock_schemas::{Decision, Reason, Verdict};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 fn decisions_by_reply(a: &Airlock) -> anyhow::Result<BTreeMap<String, Decision>> {
     a.proposal_replies()
@@ -99,7 +93,7 @@ async fn a_proposal_dispatches_once_and_every_reply_and_refusal_is_emitted() -> 
     let processor = a.spawn("p1")?;
     let producer = a.producer()?;
     let proposals = a.names.proposals();
-    let now = now_ms();
+    let now = wall_ms();
 
     let first = sample::refund("refund:txn_1", 2_500, now);
     a.send(&producer, &proposals, &first.operation_key, &first)
@@ -193,7 +187,7 @@ async fn hostile_records_are_dead_lettered_and_the_partition_goes_on() -> anyhow
     let processor = a.spawn("p1")?;
     let producer = a.producer()?;
     let proposals = a.names.proposals();
-    let now = now_ms();
+    let now = wall_ms();
 
     let mut email = sample::refund("email:a", 100, now);
     email.proposal_id = "prop-email".to_owned();
@@ -264,7 +258,7 @@ async fn restart_and_lost_disk_give_the_same_decisions() -> anyhow::Result<()> {
     let a = Airlock::start("run-restore", 2).await?;
     let producer = a.producer()?;
     let proposals = a.names.proposals();
-    let now = now_ms();
+    let now = wall_ms();
     let keys: Vec<String> = (0..20).map(|i| format!("refund:r{i}")).collect();
 
     let p1 = a.spawn("p1")?;
@@ -344,7 +338,7 @@ async fn a_replaced_input_topic_stops_the_instance_instead_of_skipping_its_recor
     let a = Airlock::start("run-replaced", 1).await?;
     let producer = a.producer()?;
     let proposals = a.names.proposals();
-    let now = now_ms();
+    let now = wall_ms();
     let batch = |name: &str, n: usize| -> Vec<airlock_schemas::ToolProposal> {
         (0..n)
             .map(|i| sample::refund(&format!("refund:{name}{i}"), 1_000, now))
@@ -460,7 +454,7 @@ async fn a_claim_that_fails_transiently_is_tried_again_in_the_process() -> anyho
     assert_eq!(p1.telemetry.claims_failed.get(&["false"]), 0);
 
     tx.abort_transaction(WAIT)?;
-    let p = sample::refund("refund:reclaim", 1_000, now_ms());
+    let p = sample::refund("refund:reclaim", 1_000, wall_ms());
     a.send(&a.producer()?, &a.names.proposals(), &p.operation_key, &p)
         .await?;
     let replies = a.await_replies([p.proposal_id.as_str()], WAIT).await?;

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::runtime::schema_registry::{self, Client};
 use airlock_processor::runtime::wire::{Admit, header};
@@ -15,15 +15,11 @@ use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
 use airlock_tests::registry::Registry;
+use airlock_tests::typescript;
+use airlock_tests::wall_ms;
 use airlock_tests::workload::{self, Lcg};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// Runs blocking registry calls off the async runtime (the client is blocking).
 async fn blocking<T: Send + 'static>(
@@ -163,7 +159,7 @@ async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_sin
     // id the registry never gave.
     let p_single = single.spawn("p1")?;
     let p_confluent = confluent.spawn("p1")?;
-    let proposals: Vec<ToolProposal> = workload::proposals(24, now_ms(), &mut Lcg(7));
+    let proposals: Vec<ToolProposal> = workload::proposals(24, wall_ms(), &mut Lcg(7));
     let producer = single.producer()?;
     single
         .send_many(&producer, &single.names.proposals(), &proposals, |p| {
@@ -327,6 +323,62 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
             value.get(1..5),
             Some(&proposal_id.to_be_bytes()[..]),
             "{r:?}"
+        );
+    }
+    processor.stop()?;
+    Ok(())
+}
+
+/// The TypeScript client looks its schema id up in the registry and publishes Confluent-framed
+/// proposals, which the processor decides (`clients/typescript/test/integration/registry.test.ts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_id()
+-> anyhow::Result<()> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let package = blocking(move || typescript::package(&root)).await?;
+    let registry = Registry::start().await?;
+    let mut a = Airlock::start_with("registry-ts", 2, Options::default()).await?;
+    a.config.schema_registry.url = registry.url.clone();
+    let (ok, out, err) = a.cli(&["topics", "create"])?;
+    assert!(ok, "topics create failed: {err}\n{out}");
+    let url = registry.url.clone();
+    let subject = format!("{}-value", a.names.proposals());
+    let (proposal_id, _) = blocking(move || Client::new(&url)?.version(&subject, 1)).await?;
+    let processor = a.spawn("p1")?;
+
+    let mut node = typescript::node_test(&package);
+    node.arg("dist/test/integration/registry.test.js")
+        .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
+        .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
+        .env("AIRLOCK_TEST_SCHEMA_REGISTRY", &registry.url)
+        .env("AIRLOCK_TEST_PROPOSAL_SCHEMA_ID", proposal_id.to_string())
+        .stdin(std::process::Stdio::null());
+    let out = blocking(move || Ok(node.output()?)).await?;
+    typescript::assert_all_passed(
+        &out,
+        "the TypeScript client's registry tests",
+        &registry.log(),
+    );
+
+    // What it published is in the Confluent wire format with the registry's id, and the
+    // processor answered each proposal.
+    let published = a.read_topic(&a.names.proposals())?;
+    assert!(published.len() >= 3, "{published:?}");
+    let codec =
+        Codec::new().with_schema_ids(SchemaIds::new().with(proposal_id, RecordKind::ToolProposal)?);
+    let replies = a.proposal_replies()?;
+    for r in &published {
+        let value = r.value.as_deref().unwrap_or_default();
+        assert_eq!(value.first(), Some(&0u8), "{r:?}");
+        assert_eq!(
+            value.get(1..5),
+            Some(&proposal_id.to_be_bytes()[..]),
+            "{r:?}"
+        );
+        let proposal: ToolProposal = codec.decode_confluent(value)?;
+        assert!(
+            replies.contains_key(&proposal.proposal_id),
+            "{proposal:?} unanswered"
         );
     }
     processor.stop()?;

@@ -4,13 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_connectors::http::client::{self, Limits, Outgoing};
 use airlock_processor::sample;
 use airlock_schemas::{Decision, Verdict};
 use airlock_tests::airlock::Airlock;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 use hyper::Method;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -18,13 +19,6 @@ const LIMITS: Limits = Limits {
     connect_timeout: Duration::from_secs(5),
     max_body: 4 << 20,
 };
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// `(status, body)` of `GET <base><path>`.
 async fn get(base: &str, path: &str) -> anyhow::Result<(u16, String)> {
@@ -138,7 +132,7 @@ async fn metrics_count_what_the_processor_decided_and_readyz_waits_for_claims() 
 
     let producer = a.producer()?;
     let topic = a.names.proposals();
-    let now = now_ms();
+    let now = wall_ms();
     let mut proposals = Vec::new();
     for i in 0..3 {
         proposals.push(sample::refund(&format!("refund:tm_{i}"), 2_500, now));

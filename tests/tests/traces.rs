@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_connectors::ledger;
 use airlock_connectors::worker;
@@ -17,6 +17,7 @@ use airlock_schemas::{Codec, Decision, Verdict};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::Keys;
 use airlock_tests::eventually;
+use airlock_tests::wall_ms;
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{InMemorySpanExporterBuilder, SdkTracerProvider, SpanData};
@@ -26,13 +27,6 @@ use rdkafka::producer::FutureRecord;
 const WAIT: Duration = Duration::from_secs(90);
 const AGENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const AGENT_SPAN: &str = "00f067aa0ba902b7";
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
     span.attributes
@@ -120,8 +114,8 @@ async fn one_proposal_is_one_trace_across_processor_and_connector() -> anyhow::R
     // One proposal inside the agent's trace, one without any trace context.
     let producer = a.producer()?;
     let codec = Codec::new();
-    let traced = sample::refund("refund:traced-1", 2_500, now_ms());
-    let untraced = sample::refund("refund:untraced-1", 1_500, now_ms());
+    let traced = sample::refund("refund:traced-1", 2_500, wall_ms());
+    let untraced = sample::refund("refund:untraced-1", 1_500, wall_ms());
     let traceparent = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01");
     let proposals_topic = a.names.proposals();
     for (p, header) in [(&traced, Some(traceparent.as_str())), (&untraced, None)] {

@@ -34,6 +34,7 @@ import { MarkerVerifier } from "./fence.js";
 import { contentId, proposalFingerprint } from "./ids.js";
 import { partitionFor } from "./partitioner.js";
 import { evidenceKey, Reader, STOP_WAIT_MS, Waiter } from "./reader.js";
+import { SchemaRegistry, topicSubject } from "./registry.js";
 import { pause, timer, within } from "./timers.js";
 import { utf8 } from "./utf8.js";
 
@@ -135,8 +136,18 @@ export interface ClientOptions {
   /** How many operation keys' answers the reader keeps in memory. Default 100 000. */
   capacity?: number;
   /** Publish in the Confluent wire format with this registry id of the ToolProposal schema
-   * instead of Avro single-object encoding. */
+   * instead of Avro single-object encoding. Not with `schemaRegistryUrl`. */
   schemaId?: number;
+  /** Publish in the Confluent wire format with the id a Confluent-compatible schema registry
+   * at this URL (`http:` or `https:`; Apicurio's is `.../apis/ccompat/v7`) gives the
+   * ToolProposal schema under the subject `<topicPrefix>proposals-value`, looked up once, in
+   * `connect` (the processor must run with the same `schema_registry.url`). A
+   * `RegistryError` when the registry is unreachable or lacks the schema. Not with
+   * `schemaId`. */
+  schemaRegistryUrl?: string;
+  /** With `schemaRegistryUrl`: register the schema when the subject lacks it (`airlock topics
+   * create` normally does). Default false. */
+  registerSchema?: boolean;
   /** How long to wait for the topics' metadata at start. Default 30 000. */
   timeoutMs?: number;
   /** The processor's capability verifying keys (paths of the `.pub` files `airlock keygen`
@@ -226,6 +237,9 @@ export class Client {
     this.decisions = `${prefix}decisions`;
     this.outcomes = `${prefix}outcomes`;
     this.schemaId = options.schemaId ?? null;
+    if (this.schemaId !== null && !codec.isSchemaId(this.schemaId)) {
+      throw new RangeError(`schemaId is not a Confluent schema id (an unsigned 32-bit integer): ${this.schemaId}`);
+    }
     this.#partitions = options.partitions ?? 0;
     const verify = options.verifyingKeys?.length ? new MarkerVerifier(options.verifyingKeys).function : null;
     const kafka = (options.kafka ?? {}) as Record<string, unknown>;
@@ -260,9 +274,26 @@ export class Client {
    * A client of the Airlock deployment at `bootstrapServers` (`host:port,...` or a list):
    * reads the topics' partition count unless `partitions` is given (an {@link AirlockError}
    * when the topics are missing or not co-partitioned, {@link BrokerUnavailable} when the
-   * broker does not answer in time), then starts the reader.
+   * broker does not answer in time), then starts the reader. With `schemaRegistryUrl`, first
+   * looks the ToolProposal schema's id up in the registry (a `RegistryError` if that
+   * fails; bounded by `timeoutMs`, at most 10 s per call).
    */
   static async connect(bootstrapServers: string | readonly string[], options: ClientOptions = {}): Promise<Client> {
+    if (options.schemaRegistryUrl) {
+      if (options.schemaId !== undefined && options.schemaId !== null) {
+        throw new TypeError("give schemaId or schemaRegistryUrl, not both");
+      }
+      const timeoutMs = options.timeoutMs ?? 30_000;
+      const registry = new SchemaRegistry(options.schemaRegistryUrl, {
+        // No time at all (0, negative, NaN) is the shortest wait, as for the metadata.
+        timeoutMs: timeoutMs > 0 ? Math.min(timeoutMs, 10_000) : 1,
+      });
+      const proposals = `${options.topicPrefix ?? "airlock."}proposals`;
+      const schemaId = await registry.schemaId(topicSubject(proposals), "ToolProposal", {
+        register: options.registerSchema ?? false,
+      });
+      options = { ...options, schemaId };
+    }
     const client = new Client(bootstrapServers, options);
     try {
       if (client.#partitions <= 0) {

@@ -7,7 +7,8 @@
  *   8-byte CRC-64-AVRO fingerprint (little-endian) of the writer schema's Parsing Canonical
  *   Form, the datum;
  * - Confluent wire format: `00`, a 4-byte big-endian schema id, the datum. Ids come from the
- *   caller (a registry client, or a fixed table); nothing here talks to a registry.
+ *   caller (`SchemaRegistry` in `registry.ts`, or a fixed table); nothing here talks to a
+ *   registry.
  *
  * Every decode checks the size first, refuses a foreign payload, the wrong record type and
  * trailing bytes. Records written with an older schema version are resolved to the current
@@ -135,6 +136,8 @@ interface Version {
   readonly version: number;
   readonly type: avro.Type;
   readonly fingerprint: Buffer;
+  /** The `.avsc` text as shipped. */
+  readonly text: string;
 }
 
 function load(): [Map<RecordName, Version>, Map<string, Version>] {
@@ -147,8 +150,10 @@ function load(): [Map<RecordName, Version>, Map<string, Version>] {
       if (match === null) {
         continue;
       }
-      const schema = JSON.parse(readFileSync(join(SCHEMA_DIR, record, name), "utf8")) as Schema;
+      const text = readFileSync(join(SCHEMA_DIR, record, name), "utf8");
+      const schema = JSON.parse(text) as Schema;
       versions.push({
+        text,
         record,
         version: Number(match[1]),
         // A registry of its own per version: the versions name the same types.
@@ -184,6 +189,17 @@ export function fingerprint(record: RecordName): Buffer {
   return Buffer.from(currentOf(record).fingerprint);
 }
 
+/** The `.avsc` text of `record`'s current schema, as shipped (and as `airlock topics create`
+ * registers it in a schema registry). */
+export function schemaText(record: RecordName): string {
+  return currentOf(record).text;
+}
+
+/** Whether `id` can be a Confluent schema id (an unsigned 32-bit integer). */
+export function isSchemaId(id: unknown): id is number {
+  return typeof id === "number" && Number.isInteger(id) && id >= 0 && id <= 0xffffffff;
+}
+
 /**
  * `value` (an object of the record's fields, named as in the schema; timestamps as epoch
  * milliseconds) as a payload: single-object encoding, or the Confluent wire format when
@@ -201,6 +217,9 @@ export function encode(record: RecordName, value: Record<string, unknown>, schem
   if (schemaId === undefined || schemaId === null) {
     header = Buffer.concat([SINGLE_OBJECT_MAGIC, current.fingerprint]);
   } else {
+    if (!isSchemaId(schemaId)) {
+      throw new CodecError(`not a Confluent schema id (an unsigned 32-bit integer): ${String(schemaId)}`);
+    }
     header = Buffer.alloc(5);
     header.writeUInt32BE(schemaId, 1);
   }

@@ -29,7 +29,7 @@ export {
 export * as codec from "./codec.js";
 export { CodecError } from "./codec.js";
 export { FINAL, NOT_REFUSED, SETTLING, type Decision, type Settlement } from "./decision.js";
-export { AirlockError, BrokerUnavailable, Refused, TimedOut } from "./errors.js";
+export { AirlockError, BrokerUnavailable, Refused, RegistryError, TimedOut, type RegistryErrorKind } from "./errors.js";
 export {
   FenceFilter,
   MarkerVerifier,
@@ -41,6 +41,12 @@ export {
 } from "./fence.js";
 export { contentId, proposalFingerprint } from "./ids.js";
 export { murmur2, partitionFor } from "./partitioner.js";
+export {
+  SchemaRegistry,
+  topicSubject,
+  type SchemaIdOptions,
+  type SchemaRegistryOptions,
+} from "./registry.js";
 export {
   AirlockTools,
   IDEMPOTENCY_ARGUMENT,

@@ -20,7 +20,7 @@ import {
   type ClusterMetadata,
 } from "@platformatic/kafka";
 
-import { BrokerUnavailable, Client, TimedOut, codec } from "../src/index.js";
+import { BrokerUnavailable, Client, TimedOut, buildProposal, codec } from "../src/index.js";
 import { Reader, Waiter, isAuthFailure } from "../src/reader.js";
 import { MAX_TIMER_MS, pause, timer, within } from "../src/timers.js";
 import { vectors } from "./vectors.js";
@@ -431,6 +431,85 @@ describe("the client's timeouts", () => {
           await client.close();
         }
       },
+    );
+  });
+});
+
+describe("the proposal's framing", () => {
+  const call = {
+    tool: "refund",
+    operationKey: CALL.operationKey,
+    arguments: { amount: 1 },
+    tenant: "acme",
+    principal: "agent",
+    runId: "run-1",
+    logicalCallId: "call-1",
+    nowMs: 1_700_000_000_000,
+  };
+
+  /** The value the client hands the producer for `call` (no broker: the answer never comes). */
+  async function published(options: { schemaId?: number }): Promise<Buffer> {
+    const values: Buffer[] = [];
+    await patched(
+      [
+        [
+          Consumer.prototype,
+          "listOffsets",
+          (_: unknown, cb: Callback<Map<string, bigint[]>>) => setImmediate(() => cb(null, new Map([[DECISIONS, [0n]]]))),
+        ],
+        [
+          Consumer.prototype,
+          "metadata",
+          (_: unknown, cb: Callback<unknown>) => setImmediate(() => cb(new NetworkError("no broker in this test"))),
+        ],
+        [
+          Producer.prototype,
+          "send",
+          (options: { messages: Array<{ value: Buffer }> }, cb: Callback<unknown>) => {
+            values.push(...options.messages.map((m) => m.value));
+            setImmediate(() => cb(null, {}));
+          },
+        ],
+      ],
+      async () => {
+        const client = await Client.connect("127.0.0.1:9", { partitions: 1, ...options });
+        try {
+          assert.equal(client.schemaId, options.schemaId ?? null);
+          const e = await rejection(client.propose(call, { timeoutMs: 300 }));
+          assert.ok(e instanceof TimedOut, String(e));
+        } finally {
+          await client.close();
+        }
+      },
+    );
+    assert.equal(values.length, 1);
+    return values[0]!;
+  }
+
+  test("single-object by default; with a schema id, 00, the id big-endian, the same datum", { timeout: 10_000 }, async () => {
+    const record = buildProposal(call) as unknown as Record<string, unknown>;
+    const single = await published({});
+    assert.deepEqual(single, codec.encode("ToolProposal", record));
+    assert.deepEqual(single.subarray(0, 10), Buffer.concat([codec.SINGLE_OBJECT_MAGIC, codec.fingerprint("ToolProposal")]));
+
+    const confluent = await published({ schemaId: 0x01020304 });
+    assert.equal(confluent.subarray(0, 5).toString("hex"), "0001020304");
+    assert.deepEqual(confluent.subarray(5), single.subarray(10));
+    assert.deepEqual(codec.decode("ToolProposal", confluent, { [0x01020304]: ["ToolProposal", 1] }), record);
+  });
+
+  test("a schema id that is no unsigned 32-bit integer is refused before anything starts", async () => {
+    for (const bad of [-1, 1.5, 2 ** 32, Number.NaN]) {
+      await assert.rejects(Client.connect("127.0.0.1:9", { partitions: 1, schemaId: bad }), RangeError, String(bad));
+      assert.throws(() => codec.encode("ToolProposal", buildProposal(call) as never, bad), codec.CodecError, String(bad));
+    }
+    assert.equal(codec.encode("ToolProposal", buildProposal(call) as never, 0xffffffff).subarray(0, 5).toString("hex"), "00ffffffff");
+  });
+
+  test("a fixed schema id and a registry URL are exclusive", async () => {
+    await assert.rejects(
+      Client.connect("127.0.0.1:9", { partitions: 1, schemaId: 7, schemaRegistryUrl: "http://127.0.0.1:9" }),
+      (e: Error) => e instanceof TypeError && /not both/.test(e.message),
     );
   });
 });

@@ -29,8 +29,9 @@ import {
 } from "../src/index.js";
 import { PACKAGE, REPO, VECTORS_PATH, inRepository, vectors } from "./vectors.js";
 // The package's test command names its files: the tests of the client's timers, reader and
-// closing (no broker needed) run with these.
+// closing, and of its schema registry client (no broker needed) run with these.
 import "./client.test.js";
+import "./registry.test.js";
 
 const V = vectors();
 

@@ -196,20 +196,32 @@ describe("the MCP gateway against a live Airlock", () => {
       await client?.close();
     });
 
-    test("an idle session is closed; one with a call open is not", live, async () => {
+    const ledger = process.env["AIRLOCK_TEST_LEDGER"];
+    const slowLedger = { skip: live.skip || (!ledger && "AIRLOCK_TEST_LEDGER is not set") };
+
+    test("an idle session is closed; one with a call open is not", slowLedger, async () => {
+      const idleMs = 500;
       const tools = new AirlockTools(client, REGISTRY!, { tenant: "acme", principal: "agent-support-1", waitSeconds: 90 });
-      const gateway = await serveHttp(tools, { idleSessionMs: 50 });
+      const gateway = await serveHttp(tools, { idleSessionMs: idleMs });
       try {
+        // The ledger answers this refund after 2.5 s: its call outlasts the idle time.
+        const key = `mcp-${RUN}-idle`;
+        const armed = await fetch(`${ledger}/v1/faults`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ fault: "delay=2500", match: { reference: `refund:${key}` }, times: 1 }),
+          signal: AbortSignal.timeout(10_000),
+        });
+        assert.equal(armed.status, 201, await armed.text());
         const mcp = mcpClient();
         await mcp.connect(new StreamableHTTPClientTransport(new URL(gateway.url)));
         // A call that outlasts the idle time many times over still gets its answer.
         const started = Date.now();
-        const key = `mcp-${RUN}-idle`;
         const done = await call(mcp, "refund", refund(930, key));
         assert.equal(done.structured["status"], "committed", JSON.stringify(done));
         committed(`refund:${key}`);
-        assert.ok(Date.now() - started > 100, "the call took longer than twice the idle time");
-        await new Promise((resolve) => setTimeout(resolve, 1_000));
+        assert.ok(Date.now() - started > 2 * idleMs, "the call took longer than twice the idle time");
+        await new Promise((resolve) => setTimeout(resolve, 4 * idleMs));
         await assert.rejects(mcp.listTools(), /session not found|404/i);
         await mcp.close();
       } finally {
