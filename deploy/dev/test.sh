@@ -18,6 +18,7 @@
 #                      per test as a process), tansu, external (with AIRLOCK_TEST_BROKERS) or
 #                      container (with AIRLOCK_BROKER_IMAGE); tests/README.md has the details
 #   AIRLOCK_SKIP_CONTAINERS=1  skip the container test (and starting a Docker engine for it)
+#   CI=true            builds without incremental compilation (a clone is built once)
 #   AIRLOCK_FUZZ_SECONDS  how long each fuzz target runs (default 60); AIRLOCK_SKIP_FUZZ=1
 #                      leaves fuzzing out (deploy/dev/fuzz.sh)
 set -euo pipefail
@@ -39,6 +40,22 @@ fi
 source "$here/env.sh"
 
 step() { printf '\n==> %s\n' "$*"; }
+
+# A CI clone is built once: incremental compilation would only add gigabytes to the cache.
+if [ "${CI:-}" = "true" ]; then
+  export CARGO_INCREMENTAL=0
+fi
+# The shared build cache keeps a set of test binaries per clone path and per configuration;
+# those nobody rebuilt for three days (and stale incremental sessions) are deleted, so that the
+# cache does not grow without bound. Cargo rebuilds any of them it needs again.
+for dir in "$CARGO_TARGET_DIR/debug" "$AIRLOCK_CACHE/fuzz-target/x86_64-unknown-linux-gnu/release"; do
+  if [ -d "$dir/deps" ]; then
+    find "$dir/deps" -maxdepth 1 -type f -perm -u+x ! -name '*.*' -mtime +3 -delete
+  fi
+  if [ -d "$dir/incremental" ]; then
+    find "$dir/incremental" -mindepth 1 -maxdepth 1 -mtime +3 -exec rm -rf {} +
+  fi
+done
 
 step "brokers (fetched once into the cache)"
 "$root/deploy/broker/kafka/install.sh" >/dev/null

@@ -16,11 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use broker::{Broker, Provider, Settings};
 
 /// The wall clock in milliseconds since the Unix epoch, as records' times are written.
-pub fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub use airlock_processor::runtime::clock::wall_ms;
 
 /// A topic prefix no other test (or earlier run against the same broker) uses.
 pub fn unique_prefix(test: &str) -> String {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
@@ -57,7 +57,7 @@ async fn a_fresh_instance_restores_from_a_compacted_changelog_and_decides_the_re
 
     let dir = tempfile::tempdir()?;
     let (log, log2) = (dir.path().join("p1.log"), dir.path().join("p2.log"));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(N, now, &mut Lcg(0xc0a1));
     let (first, rest) = proposals.split_at(N / 2);
     let ids = |ps: &[airlock_schemas::ToolProposal]| -> BTreeSet<String> {

@@ -8,7 +8,7 @@
 //! runs it with `--ignored`. `AIRLOCK_CONTAINER_IMAGE` names another Kafka image.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::sample;
 use airlock_schemas::{Decision, Verdict};
@@ -50,7 +50,7 @@ async fn a_refund_through_a_kafka_container_commits_once() -> anyhow::Result<()>
         &logs.join("worker.log"),
     )?;
     let producer = a.producer()?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let key = "refund:container-1";
     let first = sample::refund(key, 1_500, now);
     a.send(&producer, &a.names.proposals(), key, &first).await?;

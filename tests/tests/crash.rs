@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::wire::Admit;
 use airlock_tests::airlock::Airlock;
@@ -25,7 +25,7 @@ async fn sigkill_under_load_loses_nothing_and_dispatches_nothing_twice() -> anyh
     let kills = 5;
     let a = Airlock::start("crash", 3).await?;
     let log = std::env::temp_dir().join(format!("airlock-crash-{}.log", std::process::id()));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let mut rng = Lcg(0x5eed);
     let proposals = workload::proposals(n, now, &mut rng);
     let distinct: BTreeSet<String> = proposals.iter().map(|p| p.proposal_id.clone()).collect();

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::wire::Admit;
 use airlock_processor::sample;
@@ -94,7 +94,7 @@ async fn a_processor_evicted_while_frozen_writes_only_behind_the_fence() -> anyh
     // freezes are over.
     let stop = Arc::new(AtomicBool::new(false));
     let sent: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let sender = {
         let (a, stop, sent) = (a.clone(), stop.clone(), sent.clone());
         tokio::spawn(async move {

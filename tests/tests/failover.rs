@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::sample;
 use airlock_schemas::{Decision, Verdict};
@@ -79,7 +79,7 @@ async fn killing_partition_leaders_under_load_loses_nothing_and_doubles_nothing(
     let mut worker = a.spawn_connector("w1", &ledger, &[&keys.verifying_file], &worker_log)?;
     let mut processor = a.spawn_process("p1", "group", &log)?;
 
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let refunds: Vec<_> = (0..REFUNDS)
         .map(|i| sample::refund(&format!("refund:failover-{i}"), 100 + i as i64, now))
         .collect();

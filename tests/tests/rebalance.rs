@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::runtime::wire::Admit;
 use airlock_tests::airlock::Airlock;
@@ -53,7 +53,7 @@ async fn rebalances_and_a_frozen_instance_dispatch_nothing_twice() -> anyhow::Re
         .unwrap_or(6_000);
     let a = Arc::new(Airlock::start("rebalance", 4).await?);
     let log = std::env::temp_dir().join(format!("airlock-rebalance-{}.log", std::process::id()));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(n, now, &mut Lcg(0xfeed));
     let distinct: BTreeSet<String> = proposals.iter().map(|p| p.proposal_id.clone()).collect();
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::capability;
 use airlock_processor::cli::receipts::Exported;
@@ -76,7 +76,7 @@ async fn receipts_chain_across_a_crash_and_every_tampering_is_named() -> anyhow:
     )
     .await?;
     let log = std::env::temp_dir().join(format!("airlock-receipts-{}.log", std::process::id()));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(400, now, &mut Lcg(0x7ece));
     let topic = a.names.proposals();
     let producer = a.producer()?;

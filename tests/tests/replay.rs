@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::runtime::produce::Producer;
 use airlock_processor::runtime::topics;
@@ -18,7 +18,7 @@ use airlock_tests::{eventually, unique_prefix};
 async fn replay_names_an_altered_a_dropped_and_a_swapped_journal_record() -> anyhow::Result<()> {
     let a = Airlock::start("replay", 1).await?;
     let processor = a.spawn("p1")?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(240, now, &mut Lcg(11));
     let producer = a.producer()?;
     let topic = a.names.proposals();
@@ -143,7 +143,7 @@ async fn revoked_and_stopped_partitions_journal_the_checkpoint_they_owe() -> any
     let mut a = Airlock::start("closing-checkpoint", 2).await?;
     // No checkpoint falls due during the test: every one journaled is a closing one.
     a.config.processor.checkpoint_interval_ms = 3_600_000;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(80, now, &mut Lcg(5));
     let (first, second) = proposals.split_at(40);
     let producer = a.producer()?;

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::runtime::partition::Source;
 use airlock_processor::runtime::wire::{self, Admit, header};
@@ -33,7 +33,7 @@ const WITHIN: Duration = Duration::from_secs(60);
 async fn a_changelog_cut_inside_a_batch_is_restored_to_its_last_whole_batch() -> anyhow::Result<()>
 {
     let a = Airlock::start("torn", 1).await?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let mut proposals = workload::proposals(20, now, &mut Lcg(7));
     // The last batch: three fresh refunds sent together once the rest are answered.
     let last: Vec<_> = (0..3)

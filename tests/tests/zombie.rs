@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use airlock_processor::runtime::wire::{self, Admit, FENCE_KIND, OutRecord, header};
 use airlock_processor::store::keys::Table;
@@ -48,7 +48,7 @@ async fn a_zombie_that_claims_again_rebuilds_and_answers_what_the_fence_voided()
 -> anyhow::Result<()> {
     let a = Airlock::start("zombie", 1).await?;
     let log = std::env::temp_dir().join(format!("airlock-zombie-{}.log", std::process::id()));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let proposals = workload::proposals(200, now, &mut Lcg(0x2b1e));
     let (before, behind) = proposals.split_at(100);
     let ids = |ps: &[ToolProposal]| -> BTreeSet<String> {
@@ -254,7 +254,7 @@ fn effect_rows(a: &Airlock) -> anyhow::Result<Vec<ChangelogRecord>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_writes_again_the_keys_a_zombie_wrote_behind_its_marker() -> anyhow::Result<()> {
     let a = Airlock::start("zombie-rows", 1).await?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = airlock_tests::wall_ms();
     let producer = a.producer()?;
     let ask = async |key: &str| -> anyhow::Result<()> {
         let p = airlock_processor::sample::refund(key, 500, now);

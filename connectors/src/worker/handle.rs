@@ -45,9 +45,10 @@
 //! the downstream call carries it as its own `traceparent` header.
 
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::capability::Refused;
+use airlock_processor::runtime::clock::wall_ms;
 use airlock_processor::runtime::produce::{self, Producer};
 use airlock_processor::runtime::wire::OutRecord;
 use airlock_processor::telemetry::trace;
@@ -186,12 +187,6 @@ pub struct Finished {
     pub handled: Handled,
     /// A started attempt failed without a call.
     pub unsent: bool,
-}
-
-pub fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Handler {

@@ -34,6 +34,7 @@ use airlock_processor::audit::replay::{Outcome, PartitionReplay};
 use airlock_processor::cli::replay::{Parallel, Progress, replay_partitions};
 use airlock_processor::cli::run::load_core;
 use airlock_processor::core::{self, Input};
+use airlock_processor::runtime::clock::wall_ms;
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::partition::{changelog_table, store_table};
 use airlock_processor::runtime::produce::Producer;
@@ -419,12 +420,6 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Produces every partition's journal and changelog to fresh topics on `brokers`, then times
 /// the scan alone, the replay as `airlock replay` runs it, and a claim that restores partition
 /// 0 from the changelog into an empty RocksDB.
@@ -439,7 +434,7 @@ fn broker_phases(
     config.tools.policies = dir.join("policies.cedar");
     config.tools.entities = dir.join("entities.json");
     config.kafka.brokers = brokers.to_owned();
-    config.topics.prefix = format!("bench-replay-{:x}.", now_ms());
+    config.topics.prefix = format!("bench-replay-{:x}.", wall_ms());
     config.topics.partitions = i32::try_from(parts.len())?;
     let names = Names::new(&config.topics.prefix);
     let core = Arc::new(load_core(&config)?);

@@ -51,10 +51,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_processor::cli::run::load_core;
 use airlock_processor::core::Core;
+use airlock_processor::runtime::clock::wall_ms;
 use airlock_processor::runtime::config::Config;
 use airlock_processor::runtime::flight::Flights;
 use airlock_processor::runtime::partitioner::LIBRDKAFKA_PARTITIONER;
@@ -110,12 +111,6 @@ struct Args {
     streams_threads: u32,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(rate) = args.latency_rate {
@@ -142,7 +137,7 @@ fn main() -> anyhow::Result<()> {
     config.tools.entities = dir.join("entities.json");
     config.apply_env(|name| std::env::var(name).ok())?;
     config.kafka.brokers = args.brokers.clone();
-    config.topics.prefix = format!("bench-{:x}.", now_ms());
+    config.topics.prefix = format!("bench-{:x}.", wall_ms());
     config.topics.partitions = args.partitions;
     config.processor.session_timeout_ms = 6_000;
     let state = tempfile::tempdir()?;
@@ -157,7 +152,7 @@ fn main() -> anyhow::Result<()> {
     });
     rt.block_on(topics::create(&config, &plan, Duration::from_secs(30)))?;
     let n = args.proposals;
-    let now = now_ms();
+    let now = wall_ms();
     let fresh: Vec<_> = (0..n)
         .map(|i| sample::fleet_refund(&format!("refund:b{i}"), i, now))
         .collect();
@@ -205,7 +200,7 @@ fn main() -> anyhow::Result<()> {
         None => (fresh_run.rate / 2.0).max(100.0),
     };
     let mut config = config.clone();
-    config.topics.prefix = format!("bench-{:x}-latency.", now_ms());
+    config.topics.prefix = format!("bench-{:x}-latency.", wall_ms());
     let latency_state = tempfile::tempdir()?;
     config.state.dir = latency_state.path().to_owned();
     let names = Names::new(&config.topics.prefix);
@@ -290,7 +285,7 @@ fn streams_peer(
     args: &Args,
 ) -> anyhow::Result<PeerRun> {
     let mut config = config.clone();
-    config.topics.prefix = format!("bench-{:x}-streams.", now_ms());
+    config.topics.prefix = format!("bench-{:x}-streams.", wall_ms());
     let prefix = config.topics.prefix.clone();
     let (proposals, decisions) = (format!("{prefix}proposals"), format!("{prefix}decisions"));
     let plan: Vec<topics::TopicSpec> = ["proposals", "dispatch", "decisions"]
@@ -385,7 +380,7 @@ fn measure_peer(
     let peer_micros_per_input = (peer_ticks()? - peer0) as f64 / USER_HZ * 1e6 / decided.max(1.0);
     let rate = decided / elapsed;
     let latency_rate = args.latency_rate.unwrap_or((rate / 2.0).max(100.0));
-    let now = now_ms();
+    let now = wall_ms();
     let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     let codec = Codec::new();
     let latency = paced_round_trip(
@@ -958,7 +953,7 @@ fn latency(
         to_sealed: Histogram::new(3)?,
         to_readable: Histogram::new(3)?,
     };
-    let now = now_ms();
+    let now = wall_ms();
     let codec = Codec::new();
     let result = paced_round_trip(
         config,
@@ -977,7 +972,7 @@ fn latency(
                 let payload = codec.encode_single_object(&p)?;
                 sent.lock()
                     .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .insert(p.proposal_id.clone(), (Instant::now(), now_ms()));
+                    .insert(p.proposal_id.clone(), (Instant::now(), wall_ms()));
                 Ok((p.operation_key, payload))
             }
         },
@@ -988,7 +983,7 @@ fn latency(
             let Ok(d) = codec.decode_as::<Decision>(payload) else {
                 return Ok(None); // a fence marker or barrier
             };
-            let (at, wall) = (Instant::now(), now_ms());
+            let (at, wall) = (Instant::now(), wall_ms());
             let Some((t, t_wall)) = sent
                 .lock()
                 .map_err(|_| anyhow::anyhow!("poisoned"))?

@@ -60,7 +60,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         &args.operation_key,
         args.common.timeout(),
     )?;
-    let approval = approval(args, round.as_deref(), ask::now_ms()?)?;
+    let approval = approval(args, round.as_deref(), crate::runtime::clock::wall_ms())?;
     let names = Names::new(&config.topics.prefix);
     let payload = Codec::new().encode_single_object(&approval)?;
     let request = Request {

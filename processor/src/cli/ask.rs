@@ -363,13 +363,6 @@ pub fn content_id(namespace: &str, parts: &[&str]) -> String {
     format!("{namespace}/{}", &hex::encode(h.finalize())[..32])
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> anyhow::Result<i64> {
-    Ok(std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as i64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use crate::core::record::{EffectRecord, State};
 use crate::runtime::config::Config;
 use crate::runtime::effects::ChangelogEffects;
 use crate::runtime::logging::utc_from_millis;
-use crate::runtime::scan::{Bounds, Scanned, Scanner};
+use crate::runtime::scan::{Scanned, Scanner};
 use crate::runtime::topics::Names;
 
 #[derive(Debug, clap::Args)]
@@ -96,26 +96,14 @@ fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let changelog = names.changelog();
     let wanted: Vec<(String, i32)> = selected.iter().map(|&p| (changelog.clone(), p)).collect();
     // Nothing but processors writes the changelog. On Kafka its end is the high watermark read
-    // now, a closed bound: the processors keep writing, and a scan left open would follow them
-    // for ever. On a broker whose watermark lags (`compat`) a barrier marks the end, unless
-    // --read-only (then the scan reads on until the broker goes quiet).
-    let bounds = if config.kafka.compatibility.high_watermark_is_end() {
-        wanted
-            .iter()
-            .map(|(t, p)| {
-                let b = scanner.bounds(t, *p, None)?;
-                Ok(Bounds { open: false, ..b })
-            })
-            .collect::<anyhow::Result<Vec<Bounds>>>()?
-    } else {
-        ends(&scanner, &config, args.read.read_only, &wanted, None)?
-    };
+    // now (a read-only end, so no barrier is written); on a broker whose watermark lags
+    // (`compat`) a barrier marks the end, unless --read-only.
+    let read_only = args.read.read_only || config.kafka.compatibility.high_watermark_is_end();
+    let bounds = ends(&scanner, &config, read_only, &wanted, None)?;
     let progress = Progress::new("effects", bounds.iter().map(|b| b.high - b.low).sum());
     // Every changelog record the broker took, whatever the write limit says now.
     let codec = Codec::new().with_max_payload_bytes(usize::MAX);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let now = crate::runtime::clock::wall_ms();
     let cutoff = args
         .older_than
         .map(|s| now.saturating_sub(i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)));

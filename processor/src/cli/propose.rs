@@ -59,7 +59,7 @@ pub struct Args {
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = args.common.load()?;
-    let proposal = proposal(args, ask::now_ms()?)?;
+    let proposal = proposal(args, crate::runtime::clock::wall_ms())?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
         headers: Vec::new(),

@@ -512,6 +512,11 @@ fn what_if(
 
 /// Where the scans of `wanted` end: at a barrier written now, or read-only at the high
 /// watermarks (see [`crate::runtime::scan`]).
+///
+/// Read-only on Kafka the high watermark read now is the end, a closed bound: the processors
+/// keep writing, and a scan left open would follow them for as long as they do. On a broker
+/// whose watermark lags the last batch (`kafka.compatibility`) the bound stays open, and the
+/// scan reads on until the broker goes quiet.
 pub(super) fn ends(
     scanner: &Scanner<'_>,
     config: &Config,
@@ -520,9 +525,16 @@ pub(super) fn ends(
     until: Option<i64>,
 ) -> anyhow::Result<Vec<Bounds>> {
     if read_only {
+        let closed = config.kafka.compatibility.high_watermark_is_end();
         return wanted
             .iter()
-            .map(|(t, p)| Ok(scanner.bounds(t, *p, until)?))
+            .map(|(t, p)| {
+                let b = scanner.bounds(t, *p, until)?;
+                Ok(Bounds {
+                    open: b.open && !closed,
+                    ..b
+                })
+            })
             .collect();
     }
     scanner

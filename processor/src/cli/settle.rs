@@ -58,7 +58,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         lease_fence: None,
         operator_id: args.operator.clone(),
         evidence: Some(args.evidence.clone()),
-        issued_at: ask::now_ms()?,
+        issued_at: crate::runtime::clock::wall_ms(),
     };
     let payload = Codec::new().encode_single_object(&control)?;
     let request = Request {

@@ -24,6 +24,15 @@
 
 use super::partition::Source;
 
+/// Milliseconds since the Unix epoch by this machine's clock: `0` before the epoch, saturating
+/// far past it. The one wall clock of the processor, its CLI and its connector workers; the
+/// deterministic path never reads it (see the module docs).
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// The time read so far on each input topic of one partition (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordClock {

@@ -15,12 +15,11 @@
 use std::collections::BTreeMap;
 
 use airlock_schemas::{ChangelogRecord, Codec};
-use rdkafka::message::Headers;
 
 use super::partition;
-use super::restore::{Row, WholeBatches, tombstone};
+use super::restore::{Row, RowHeaders, WholeBatches, tombstone};
 use super::scan::Scanned;
-use super::wire::{self, Admit};
+use super::wire::Admit;
 use crate::core::record::EffectRecord;
 use crate::store::keys::Table;
 
@@ -49,23 +48,12 @@ impl std::fmt::Debug for ChangelogEffects {
 impl ChangelogEffects {
     /// Takes the next changelog record of `partition`, in log order.
     pub fn read(&mut self, partition: i32, codec: &Codec, s: &Scanned<'_>) {
-        let mut batch_end = false;
-        let mut epoch = 0;
-        if let Some(headers) = s.headers {
-            for h in headers.iter() {
-                match h.key {
-                    wire::header::BATCH_END => batch_end = true,
-                    wire::header::OWNER_EPOCH => {
-                        epoch = h
-                            .value
-                            .and_then(|v| std::str::from_utf8(v).ok())
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0);
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let RowHeaders {
+            batch_end,
+            owner_epoch,
+            ..
+        } = RowHeaders::of(s.headers);
+        let epoch = owner_epoch.unwrap_or(0);
         let record = match (s.admit, s.payload) {
             (Admit::Fenced { .. } | Admit::Marker(_) | Admit::Forged(_), _) => None,
             (Admit::Accept, Some(payload)) => match codec.decode_as::<ChangelogRecord>(payload) {

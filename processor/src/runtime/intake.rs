@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 
+use super::clock::wall_ms;
+
 /// How many batches per owned partition may be read ahead.
 pub const READ_AHEAD: usize = 4;
 
@@ -47,12 +49,6 @@ fn bound(owned: usize, per_partition: usize) -> usize {
     per_partition
         .saturating_mul(owned.max(1))
         .saturating_mul(READ_AHEAD)
-}
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Records polled but not yet in a batch.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use airlock_schemas::{ChangelogRecord, Codec};
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Headers;
+use rdkafka::message::{BorrowedHeaders, Headers};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::partition::{self, META_CHANGELOG_NEXT, META_OWNER_EPOCH, PartitionTask};
@@ -570,39 +570,23 @@ impl Claim {
                 if offset >= until {
                     break;
                 }
-                let mut kind_fence = false;
-                let mut kind_barrier = false;
-                let mut batch_end = false;
-                let mut epoch = None;
-                if let Some(headers) = message.headers() {
-                    for h in headers.iter() {
-                        match h.key {
-                            wire::header::KIND => {
-                                kind_fence = h.value == Some(wire::FENCE_KIND.as_bytes());
-                                kind_barrier = h.value == Some(wire::BARRIER_KIND.as_bytes());
-                            }
-                            wire::header::BATCH_END => batch_end = true,
-                            wire::header::OWNER_EPOCH => {
-                                epoch = h
-                                    .value
-                                    .and_then(|v| std::str::from_utf8(v).ok())
-                                    .and_then(|s| s.parse::<i64>().ok());
-                            }
-                            _ => {}
-                        }
-                    }
-                }
+                let RowHeaders {
+                    fence,
+                    barrier,
+                    batch_end,
+                    owner_epoch,
+                } = RowHeaders::of(message.headers());
                 let corrupt = |detail: String| Error::Corrupt {
                     partition,
                     offset,
                     detail,
                 };
-                if kind_barrier {
+                if barrier {
                     continue;
                 }
-                let epoch =
-                    epoch.ok_or_else(|| corrupt("no airlock-owner-epoch header".to_owned()))?;
-                if kind_fence {
+                let epoch = owner_epoch
+                    .ok_or_else(|| corrupt("no airlock-owner-epoch header".to_owned()))?;
+                if fence {
                     visit(offset, epoch, None)?;
                     continue;
                 }
@@ -625,6 +609,39 @@ impl Claim {
             .unassign()
             .map_err(|source| Error::Kafka { partition, source })?;
         result
+    }
+}
+
+/// What a changelog record's headers say, read one way for a restore and for the read model
+/// of `airlock effects list` (so the two cannot class a row differently).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RowHeaders {
+    /// A fence marker (`airlock-kind`): raises the partition's fence, holds no row.
+    pub fence: bool,
+    /// A barrier of the changelog sweep: no row, no fence.
+    pub barrier: bool,
+    /// `airlock-batch-end`: the last row of a sealed batch.
+    pub batch_end: bool,
+    /// `airlock-owner-epoch`, when present and a decimal `i64`.
+    pub owner_epoch: Option<i64>,
+}
+
+impl RowHeaders {
+    /// Reads `headers` as every Airlock reader takes them (the last of each name counts; see
+    /// [`wire::kind_and_epoch`]).
+    pub(crate) fn of(headers: Option<&BorrowedHeaders>) -> Self {
+        let Some(headers) = headers else {
+            return Self::default();
+        };
+        let batch_end = headers.iter().any(|h| h.key == wire::header::BATCH_END);
+        let (kind, owner_epoch) =
+            wire::kind_and_epoch(headers.iter().map(|h| (h.key, h.value.unwrap_or_default())));
+        Self {
+            fence: kind == Some(wire::FENCE_KIND.as_bytes()),
+            barrier: kind == Some(wire::BARRIER_KIND.as_bytes()),
+            batch_end,
+            owner_epoch,
+        }
     }
 }
 

@@ -38,13 +38,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use airlock_schemas::{Codec, SchemaIds};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
+use super::clock::wall_ms;
 use super::config::Config;
 use super::decide;
 use super::flight::{self, Done, Flights};
@@ -538,12 +539,6 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(super) fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Runs one processor instance until `shutdown` is set (then finishes the batch, flushes the
