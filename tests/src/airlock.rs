@@ -403,7 +403,11 @@ impl Airlock {
             .env("AIRLOCK_REGISTRY", &config.tools.registry)
             .env("AIRLOCK_POLICIES", &config.tools.policies)
             .env("AIRLOCK_ENTITIES", &config.tools.entities)
-            .env("AIRLOCK_SCHEMA_REGISTRY_URL", &config.schema_registry.url);
+            .env("AIRLOCK_SCHEMA_REGISTRY_URL", &config.schema_registry.url)
+            .env(
+                "AIRLOCK_SCHEMA_REGISTRY_FRAMING",
+                config.schema_registry.framing.as_str(),
+            );
         Ok(command)
     }
 
@@ -658,14 +662,29 @@ impl Airlock {
         Ok(by_attempt.into_values().collect())
     }
 
+    /// A codec reading what this instance's processors write: with the registry's ids when
+    /// `schema_registry.url` is set. The registry client blocks, and async tests call this: it
+    /// runs on a thread of its own.
+    pub fn reader_codec(&self) -> anyhow::Result<Codec> {
+        if self.config.schema_registry.url.is_empty() {
+            return Ok(Codec::new());
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| airlock_processor::runtime::schema_registry::reader_codec(&self.config))
+                .join()
+                .map_err(|_| anyhow::anyhow!("resolving the schema ids panicked"))?
+        })
+    }
+
     /// The accepted (not fenced, not marker) records of `topic` whose `airlock-kind` is `kind`,
-    /// deduplicated on `airlock-id` (the first copy kept), decoded as `T`.
+    /// deduplicated on `airlock-id` (the first copy kept), decoded as `T` (in either framing
+    /// with a schema registry configured).
     pub fn read_deduplicated<T: airlock_schemas::Record>(
         &self,
         topic: &str,
         kind: &str,
     ) -> anyhow::Result<Vec<T>> {
-        let codec = Codec::new();
+        let codec = self.reader_codec()?;
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         for r in self.read_topic(topic)? {

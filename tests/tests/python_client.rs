@@ -35,6 +35,9 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
         3,
         Options {
             signing_key_file: Some(keys.signing_file.clone()),
+            // The reference 10 s attempt caps: a lost response is reconciled after its
+            // attempt's deadline (the MCP lost-response tests wait for that).
+            reference_attempt_timeouts: true,
             ..Options::default()
         },
     )
@@ -61,6 +64,8 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_REPORT", &report)
         .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
+        // The MCP lost-response test arms a ledger fault.
+        .env("AIRLOCK_TEST_LEDGER", &ledger.base_url)
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -3,14 +3,18 @@
 //! with BACKWARD compatibility (a second run registers nothing), the registry refuses an
 //! incompatible change, a processor refuses to start before the subjects exist, and once they
 //! do it decides Confluent-framed proposals exactly as single-object ones, while a Confluent
-//! payload whose id is none of Airlock's schemas is dead-lettered with its reason.
+//! payload whose id is none of Airlock's schemas is dead-lettered with its reason. With
+//! `schema_registry.framing = "confluent"` it writes decisions and journal events with the
+//! registry's ids, and `airlock propose` and `airlock replay` read them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use airlock_processor::runtime::config::OutputFraming;
 use airlock_processor::runtime::schema_registry::{self, Client};
 use airlock_processor::runtime::wire::{Admit, header};
+use airlock_processor::sample;
 use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::eventually;
@@ -156,7 +160,9 @@ async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_sin
 
     // The same proposals to both: single-object to one, Confluent-framed with the registry's
     // id to the other; then a Confluent payload with the foreign schema's id, and one with an
-    // id the registry never gave.
+    // id the registry never gave. The second writes its decisions and journal in the
+    // Confluent framing too.
+    confluent.config.schema_registry.framing = OutputFraming::Confluent;
     let p_single = single.spawn("p1")?;
     let p_confluent = confluent.spawn("p1")?;
     let proposals: Vec<ToolProposal> = workload::proposals(24, wall_ms(), &mut Lcg(7));
@@ -256,6 +262,72 @@ async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_sin
             .all(|r| r.admit != Admit::Accept)
     );
 
+    // What the second wrote for others to read carries the registry's ids of the current
+    // Decision and JournalEvent schemas; the first wrote single-object.
+    let config = confluent.config.clone();
+    let names = confluent.names.clone();
+    let ids = blocking(move || {
+        schema_registry::configured_ids(&config, &schema_registry::subjects(&names))
+    })
+    .await?;
+    for (topic, kind, framed) in [
+        (confluent.names.decisions(), RecordKind::Decision, true),
+        (confluent.names.journal(), RecordKind::JournalEvent, true),
+        (single.names.decisions(), RecordKind::Decision, false),
+    ] {
+        let owner = if framed { &confluent } else { &single };
+        let records: Vec<_> = owner
+            .read_topic(&topic)?
+            .into_iter()
+            .filter(|r| r.admit == Admit::Accept && r.value.is_some())
+            .collect();
+        assert!(!records.is_empty(), "{topic}");
+        let id = ids.id_of(kind).expect("the current schema has an id");
+        for r in &records {
+            let value = r.value.as_deref().unwrap_or_default();
+            if framed {
+                assert_eq!(value.first(), Some(&0u8), "{topic}: {r:?}");
+                assert_eq!(value.get(1..5), Some(&id.to_be_bytes()[..]), "{topic}");
+            } else {
+                assert_eq!(value.get(..2), Some(&[0xc3u8, 0x01][..]), "{topic}: {r:?}");
+            }
+        }
+    }
+    // Airlock's own readers take the Confluent framing: `airlock propose` publishes in it and
+    // reads its answer, `airlock replay` verifies the journal.
+    let arguments = sample::money_arguments("acme", "acct-7", 700, "EUR");
+    let (ok, out, err) = confluent.cli(&[
+        "propose",
+        "--tool",
+        "refund",
+        "--operation-key",
+        "refund:cli-confluent",
+        "--arguments",
+        &arguments,
+        "--tenant",
+        "acme",
+        "--principal",
+        "agent-support-1",
+        "--run-id",
+        "run-cli-confluent",
+    ])?;
+    eprintln!("airlock propose with confluent framing:\n{out}\n{err}");
+    assert!(
+        ok && out.lines().any(|l| l.starts_with("refund:cli-confluent ")),
+        "{out}\n{err}"
+    );
+    let cli_proposal = confluent
+        .read_topic(&topic)?
+        .into_iter()
+        .find(|r| r.key.as_deref() == Some(b"refund:cli-confluent".as_slice()))
+        .expect("the CLI's proposal");
+    assert_eq!(
+        cli_proposal.value.as_deref().and_then(|v| v.get(..5)),
+        Some(&[&[0u8][..], &proposal_id.to_be_bytes()[..]].concat()[..])
+    );
+    let (ok, out, err) = confluent.cli(&["replay"])?;
+    assert!(ok && out.contains("0 findings"), "{out}\n{err}");
+
     p_single.stop()?;
     p_confluent.stop()?;
     Ok(())
@@ -278,7 +350,8 @@ fn python() -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// The Python client looks its schema id up in the registry and publishes Confluent-framed
-/// proposals, which the processor decides (`clients/python/tests/registry`).
+/// proposals, which the processor decides, answering in the Confluent framing that the client
+/// reads (`clients/python/tests/registry`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
 -> anyhow::Result<()> {
@@ -286,6 +359,8 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
     let registry = Registry::start().await?;
     let mut a = Airlock::start_with("registry-py", 2, Options::default()).await?;
     a.config.schema_registry.url = registry.url.clone();
+    // The processor answers in the Confluent framing too: the client must read it.
+    a.config.schema_registry.framing = OutputFraming::Confluent;
     let (ok, out, err) = a.cli(&["topics", "create"])?;
     assert!(ok, "topics create failed: {err}\n{out}");
     let url = registry.url.clone();
@@ -325,12 +400,38 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
             "{r:?}"
         );
     }
+    assert_decisions_framed(&a).await?;
     processor.stop()?;
     Ok(())
 }
 
+/// Every decision `a`'s processor wrote is in the Confluent framing with the registry's id of
+/// the current Decision schema (what the clients' tests read their answers from).
+async fn assert_decisions_framed(a: &Airlock) -> anyhow::Result<()> {
+    let config = a.config.clone();
+    let names = a.names.clone();
+    let ids = blocking(move || {
+        schema_registry::configured_ids(&config, &schema_registry::subjects(&names))
+    })
+    .await?;
+    let id = ids.id_of(RecordKind::Decision).expect("a Decision id");
+    let decisions: Vec<_> = a
+        .read_topic(&a.names.decisions())?
+        .into_iter()
+        .filter(|r| r.admit == Admit::Accept && r.value.is_some())
+        .collect();
+    assert!(!decisions.is_empty());
+    for r in &decisions {
+        let value = r.value.as_deref().unwrap_or_default();
+        assert_eq!(value.first(), Some(&0u8), "{r:?}");
+        assert_eq!(value.get(1..5), Some(&id.to_be_bytes()[..]), "{r:?}");
+    }
+    Ok(())
+}
+
 /// The TypeScript client looks its schema id up in the registry and publishes Confluent-framed
-/// proposals, which the processor decides (`clients/typescript/test/integration/registry.test.ts`).
+/// proposals, which the processor decides, answering in the Confluent framing that the client
+/// reads (`clients/typescript/test/integration/registry.test.ts`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_id()
 -> anyhow::Result<()> {
@@ -339,6 +440,8 @@ async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_
     let registry = Registry::start().await?;
     let mut a = Airlock::start_with("registry-ts", 2, Options::default()).await?;
     a.config.schema_registry.url = registry.url.clone();
+    // The processor answers in the Confluent framing too: the client must read it.
+    a.config.schema_registry.framing = OutputFraming::Confluent;
     let (ok, out, err) = a.cli(&["topics", "create"])?;
     assert!(ok, "topics create failed: {err}\n{out}");
     let url = registry.url.clone();
@@ -381,6 +484,7 @@ async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_
             "{proposal:?} unanswered"
         );
     }
+    assert_decisions_framed(&a).await?;
     processor.stop()?;
     Ok(())
 }

@@ -25,6 +25,9 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
         3,
         Options {
             signing_key_file: Some(keys.signing_file.clone()),
+            // The reference 10 s attempt caps: a lost response is reconciled after its
+            // attempt's deadline (the MCP lost-response tests wait for that).
+            reference_attempt_timeouts: true,
             ..Options::default()
         },
     )
@@ -56,7 +59,7 @@ async fn the_typescript_client_proposes_waits_and_never_doubles_an_effect() -> a
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_REPORT", &report)
         .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
-        // The idle-session test slows its call down with a ledger fault.
+        // The idle-session and lost-response tests arm ledger faults.
         .env("AIRLOCK_TEST_LEDGER", &ledger.base_url)
         .output()?;
     assert_all_passed(&out, "the TypeScript client's tests", dir.path());

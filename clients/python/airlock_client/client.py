@@ -182,9 +182,13 @@ class _Reader(threading.Thread):
         outcomes: str,
         capacity: int,
         verify: Optional[MarkerVerifier] = None,
+        schema_ids: Optional[Mapping[int, Tuple[str, int]]] = None,
     ):
         super().__init__(name="airlock-reader", daemon=True)
         self.consumer = Consumer(config)
+        # The Confluent ids this reader accepts (a processor with schema_registry.framing =
+        # "confluent" writes decisions with them).
+        self.schema_ids = dict(schema_ids or {})
         self.decisions = decisions
         self.outcomes = outcomes
         self.capacity = capacity
@@ -334,7 +338,9 @@ class _Reader(threading.Thread):
 
     def _take_decision(self, payload: bytes, partition: int, offset: int) -> None:
         try:
-            decision = Decision._of(codec.decode("Decision", payload), partition, offset)
+            decision = Decision._of(
+                codec.decode("Decision", payload, self.schema_ids), partition, offset
+            )
         except codec.CodecError as e:
             # Never written by a processor this client understands: a newer schema (upgrade
             # the client) or a stranger's record. Kept to explain a wait that times out.
@@ -348,7 +354,7 @@ class _Reader(threading.Thread):
 
     def _take_outcome(self, payload: bytes) -> None:
         try:
-            outcome = codec.decode("Outcome", payload)
+            outcome = codec.decode("Outcome", payload, self.schema_ids)
         except codec.CodecError:
             return
         settled = _SETTLED_BY.get(outcome["kind"])
@@ -395,7 +401,9 @@ class Client:
     Confluent-compatible schema registry gives the ToolProposal schema under the subject
     ``<topic_prefix>proposals-value`` (looked up once, at construction; the processor must run
     with the same ``schema_registry.url``); ``register_schema=True`` registers it when the
-    subject lacks it (``airlock topics create`` normally does). Not with ``schema_id``.
+    subject lacks it (``airlock topics create`` normally does). Not with ``schema_id``. The
+    ids of the Decision and Outcome schemas are looked up too, so that decisions a processor
+    writes in the Confluent framing (``schema_registry.framing = "confluent"``) are read.
     ``verifying_keys``: the processor's capability verifying keys (paths of the ``.pub``
     files ``airlock keygen`` writes, or 32 key bytes; several during a rotation). With them, a
     fence marker raises the reader's fence only when its signature verifies, so that a forged
@@ -423,12 +431,20 @@ class Client:
         self.proposals = f"{topic_prefix}proposals"
         self.decisions = f"{topic_prefix}decisions"
         self.outcomes = f"{topic_prefix}outcomes"
+        schema_ids: Dict[int, Tuple[str, int]] = {}
         if schema_registry_url:
             if schema_id is not None:
                 raise ValueError("give schema_id or schema_registry_url, not both")
-            schema_id = SchemaRegistry(schema_registry_url, timeout=min(timeout, 10.0)).schema_id(
+            registry = SchemaRegistry(schema_registry_url, timeout=min(timeout, 10.0))
+            schema_id = registry.schema_id(
                 topic_subject(self.proposals), "ToolProposal", register=register_schema
             )
+            # What the processor and the connector workers may write in the Confluent framing.
+            for topic, record in ((self.decisions, "Decision"), (self.outcomes, "Outcome")):
+                schema_ids[registry.schema_id(topic_subject(topic), record)] = (
+                    record,
+                    codec.current_version(record),
+                )
         self.schema_id = schema_id
         self._producer = Producer(
             {
@@ -453,6 +469,7 @@ class Client:
             self.outcomes,
             capacity,
             verify,
+            schema_ids,
         )
         self._reader.start()
 

@@ -81,6 +81,12 @@ def fingerprint(record: str) -> bytes:
     return _CURRENT[record].fingerprint
 
 
+def current_version(record: str) -> int:
+    """The version number of ``record``'s current schema (what this client writes and reads
+    into)."""
+    return _CURRENT[record].version
+
+
 def schema_text(record: str) -> str:
     """The ``.avsc`` text of ``record``'s current schema, as shipped (and as ``airlock topics
     create`` registers it in a schema registry)."""

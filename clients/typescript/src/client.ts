@@ -143,7 +143,9 @@ export interface ClientOptions {
    * ToolProposal schema under the subject `<topicPrefix>proposals-value`, looked up once, in
    * `connect` (the processor must run with the same `schema_registry.url`). A
    * `RegistryError` when the registry is unreachable or lacks the schema. Not with
-   * `schemaId`. */
+   * `schemaId`. The Decision and Outcome schemas' ids are looked up too, so that decisions a
+   * processor writes in the Confluent framing (`schema_registry.framing = "confluent"`) are
+   * read. */
   schemaRegistryUrl?: string;
   /** With `schemaRegistryUrl`: register the schema when the subject lacks it (`airlock topics
    * create` normally does). Default false. */
@@ -230,7 +232,11 @@ export class Client {
   readonly #reader: Reader;
   #closed: Promise<void> | null = null;
 
-  private constructor(bootstrapServers: string | readonly string[], options: ClientOptions) {
+  private constructor(
+    bootstrapServers: string | readonly string[],
+    options: ClientOptions,
+    schemaIds: codec.SchemaIds | null = null,
+  ) {
     const brokers = brokerList(bootstrapServers);
     const prefix = options.topicPrefix ?? "airlock.";
     this.proposals = `${prefix}proposals`;
@@ -267,6 +273,7 @@ export class Client {
       capacity: options.capacity ?? 100_000,
       verify,
       warn: options.onWarning ?? ((m) => console.warn(`airlock-client: ${m}`)),
+      schemaIds,
     });
   }
 
@@ -275,10 +282,12 @@ export class Client {
    * reads the topics' partition count unless `partitions` is given (an {@link AirlockError}
    * when the topics are missing or not co-partitioned, {@link BrokerUnavailable} when the
    * broker does not answer in time), then starts the reader. With `schemaRegistryUrl`, first
-   * looks the ToolProposal schema's id up in the registry (a `RegistryError` if that
-   * fails; bounded by `timeoutMs`, at most 10 s per call).
+   * looks the ToolProposal schema's id up in the registry, and the Decision and Outcome
+   * schemas' ids so that decisions written in the Confluent framing are read (a
+   * `RegistryError` if that fails; bounded by `timeoutMs`, at most 10 s per call).
    */
   static async connect(bootstrapServers: string | readonly string[], options: ClientOptions = {}): Promise<Client> {
+    const schemaIds = new Map<number, readonly [string, number]>();
     if (options.schemaRegistryUrl) {
       if (options.schemaId !== undefined && options.schemaId !== null) {
         throw new TypeError("give schemaId or schemaRegistryUrl, not both");
@@ -288,13 +297,20 @@ export class Client {
         // No time at all (0, negative, NaN) is the shortest wait, as for the metadata.
         timeoutMs: timeoutMs > 0 ? Math.min(timeoutMs, 10_000) : 1,
       });
-      const proposals = `${options.topicPrefix ?? "airlock."}proposals`;
-      const schemaId = await registry.schemaId(topicSubject(proposals), "ToolProposal", {
+      const prefix = options.topicPrefix ?? "airlock.";
+      const schemaId = await registry.schemaId(topicSubject(`${prefix}proposals`), "ToolProposal", {
         register: options.registerSchema ?? false,
       });
       options = { ...options, schemaId };
+      // What the processor and the connector workers may write in the Confluent framing.
+      for (const [topic, record] of [
+        [`${prefix}decisions`, "Decision"],
+        [`${prefix}outcomes`, "Outcome"],
+      ] as const) {
+        schemaIds.set(await registry.schemaId(topicSubject(topic), record), [record, codec.currentVersion(record)]);
+      }
     }
-    const client = new Client(bootstrapServers, options);
+    const client = new Client(bootstrapServers, options, schemaIds);
     try {
       if (client.#partitions <= 0) {
         client.#partitions = await client.#partitionCount(options.timeoutMs ?? 30_000);

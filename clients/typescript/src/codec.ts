@@ -189,6 +189,11 @@ export function fingerprint(record: RecordName): Buffer {
   return Buffer.from(currentOf(record).fingerprint);
 }
 
+/** The version number of `record`'s current schema (what this client writes and reads into). */
+export function currentVersion(record: RecordName): number {
+  return currentOf(record).version;
+}
+
 /** The `.avsc` text of `record`'s current schema, as shipped (and as `airlock topics create`
  * registers it in a schema registry). */
 export function schemaText(record: RecordName): string {

@@ -180,6 +180,9 @@ export interface ReaderOptions {
   capacity: number;
   verify: Verify | null;
   warn: (message: string) => void;
+  /** The Confluent ids accepted on decisions and outcomes (a processor with
+   * `schema_registry.framing = "confluent"` writes decisions with them). */
+  schemaIds?: codec.SchemaIds | null;
 }
 
 export class Reader {
@@ -556,7 +559,7 @@ export class Reader {
   #takeDecision(payload: Buffer, partition: number, offset: bigint): void {
     let decision: Decision;
     try {
-      decision = decisionOf(codec.decode("Decision", payload), partition, Number(offset));
+      decision = decisionOf(codec.decode("Decision", payload, this.#options.schemaIds), partition, Number(offset));
     } catch (e) {
       if (!(e instanceof codec.CodecError)) {
         throw e;
@@ -579,7 +582,7 @@ export class Reader {
   #takeOutcome(payload: Buffer): void {
     let outcome: Record<string, unknown>;
     try {
-      outcome = codec.decode("Outcome", payload);
+      outcome = codec.decode("Outcome", payload, this.#options.schemaIds);
     } catch (e) {
       if (e instanceof codec.CodecError) {
         return;

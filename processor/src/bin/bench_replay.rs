@@ -561,6 +561,7 @@ fn broker_phases(
         core,
         names: names.clone(),
         codec: Codec::new(),
+        output_framing: airlock_schemas::Framing::SingleObject,
         partitions: config.topics.partitions,
         output_topics: plan.iter().map(|t| t.name.clone()).collect(),
         state_dir: state.path().to_owned(),

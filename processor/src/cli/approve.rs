@@ -11,7 +11,7 @@
 
 use std::io::Write;
 
-use airlock_schemas::{Approval, ApprovalVerdict, Codec, Verdict};
+use airlock_schemas::{Approval, ApprovalVerdict, Verdict};
 
 use super::ask::{self, Request};
 use crate::capability::PersonAct;
@@ -62,7 +62,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     )?;
     let approval = approval(args, round.as_deref(), crate::runtime::clock::wall_ms())?;
     let names = Names::new(&config.topics.prefix);
-    let payload = Codec::new().encode_single_object(&approval)?;
+    let payload = ask::encode(&config, &approval)?;
     let request = Request {
         headers: ask::person_signature(
             args.signing_key.as_deref(),

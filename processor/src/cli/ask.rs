@@ -11,16 +11,17 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use airlock_schemas::{Codec, Decision};
+use airlock_schemas::{Codec, Decision, Record};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
-use crate::runtime::config::Config;
+use crate::runtime::config::{Config, OutputFraming};
 use crate::runtime::partitioner::partition_for;
 use crate::runtime::produce::Producer;
+use crate::runtime::schema_registry;
 use crate::runtime::topics::Names;
 use crate::runtime::wire::{Admit, FenceFilter, OutRecord};
 
@@ -87,6 +88,21 @@ pub struct Request<'a> {
     /// whose earlier run was refused (the proposal had not arrived, the effect was not
     /// settleable yet) publishes again and waits for the answer after it.
     pub done: fn(&Decision) -> bool,
+}
+
+/// `value` as the CLI publishes it: single-object encoded, or in the Confluent wire format with
+/// the registry's id when `schema_registry.framing` is `confluent`.
+///
+/// # Errors
+///
+/// The registry unreachable or lacking the schema ([`schema_registry::reader_codec`]), or the
+/// record over the payload limit.
+pub fn encode<T: Record>(config: &Config, value: &T) -> anyhow::Result<Vec<u8>> {
+    let codec = match config.schema_registry.framing {
+        OutputFraming::SingleObject => Codec::new(),
+        OutputFraming::Confluent => schema_registry::reader_codec(config)?,
+    };
+    Ok(codec.encode(config.schema_registry.framing.framing(), value)?)
 }
 
 /// The header that signs `person`'s record `payload` with the key in `key_file`
@@ -193,6 +209,8 @@ struct Answers {
     /// Each read starts from this filter: it verifies fence markers under the processors'
     /// keys when the configuration names them (`capability.verifying_key_files`).
     fence: FenceFilter,
+    /// Reads decisions in either framing (`schema_registry`).
+    codec: Codec,
 }
 
 impl Answers {
@@ -228,6 +246,7 @@ impl Answers {
             .processor_verifying_keys()
             .context("loading the processors' verifying keys (capability.verifying_key_files)")?;
         Ok(Answers {
+            codec: schema_registry::reader_codec(config)?,
             fence: FenceFilter::verifying(keys),
             reader,
             producer,
@@ -247,7 +266,7 @@ impl Answers {
             partition: self.partition,
             what,
             wants,
-            codec: Codec::new(),
+            codec: self.codec.clone(),
             fence: self.fence.clone(),
             at: self.start,
         }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
-use airlock_schemas::{Codec, JournalEvent};
+use airlock_schemas::JournalEvent;
 use anyhow::Context;
 
 use super::replay::{Progress, ReadArgs, ends, partitions, reader};
@@ -75,7 +75,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         stall_timeout: Duration::from_secs(args.read.stall_timeout_seconds),
     };
     let journal = names.journal();
-    let codec = Codec::new();
+    let codec = crate::runtime::schema_registry::reader_codec(&config)?;
     let wanted: Vec<(String, i32)> = selected.iter().map(|&p| (journal.clone(), p)).collect();
     let bounds: Vec<(i32, Bounds)> = selected
         .iter()

@@ -12,7 +12,7 @@
 
 use std::io::Write;
 
-use airlock_schemas::{Codec, ToolProposal, Verdict};
+use airlock_schemas::{ToolProposal, Verdict};
 use anyhow::Context;
 
 use super::ask::{self, Request};
@@ -65,7 +65,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         headers: Vec::new(),
         topic: names.proposals(),
         operation_key: &proposal.operation_key,
-        payload: Codec::new().encode_single_object(&proposal)?,
+        payload: ask::encode(&config, &proposal)?,
         reply_to: &proposal.proposal_id,
         // Any answer about this proposal (the latest shows where its intent stands: approved,
         // committed), but not a refusal of another proposal that reused its id (`r/...`).

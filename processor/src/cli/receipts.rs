@@ -91,7 +91,8 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
 fn run_verify(args: &VerifyArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref()).context("loading the configuration")?;
     let keys = trusted_keys(args, &config)?;
-    let mut verifier = Verifier::new(keys);
+    let mut verifier =
+        Verifier::new(keys).with_codec(crate::runtime::schema_registry::reader_codec(&config)?);
     let mut export = match &args.export {
         Some(path) => Some(BufWriter::new(
             std::fs::File::create(path)

@@ -29,6 +29,7 @@ use crate::audit::whatif::WhatIf;
 use crate::core::{self, Core};
 use crate::runtime::config::Config;
 use crate::runtime::scan::{Bounds, Scanned, Scanner};
+use crate::runtime::schema_registry;
 use crate::runtime::topics::Names;
 use crate::runtime::wire::{self, Admit};
 
@@ -197,6 +198,7 @@ pub fn replay_partitions(
 ) -> anyhow::Result<Vec<Outcome>> {
     let threads = how.threads.clamp(1, partitions.len().max(1));
     let then = &then;
+    let codec = &schema_registry::reader_codec(config)?;
     let mut outcomes = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
@@ -209,8 +211,9 @@ pub fn replay_partitions(
                     let mut outcomes = Vec::new();
                     for &(p, bounds) in partitions.iter().skip(t).step_by(threads) {
                         let cursor = progress.partition(&bounds);
-                        let mut outcome =
-                            replay_partition(&scanner, journal, p, bounds, how.window, cursor)?;
+                        let mut outcome = replay_partition(
+                            &scanner, codec, journal, p, bounds, how.window, cursor,
+                        )?;
                         then(&scanner, &mut outcome)?;
                         outcomes.push(outcome);
                     }
@@ -235,13 +238,13 @@ pub fn replay_partitions(
 /// Replays partition `p` of the journal within `bounds`.
 fn replay_partition(
     scanner: &Scanner<'_>,
+    codec: &Codec,
     journal: &str,
     p: i32,
     bounds: Bounds,
     window: usize,
     mut cursor: Cursor<'_>,
 ) -> anyhow::Result<Outcome> {
-    let codec = Codec::new();
     let mut replay = PartitionReplay::new(p, window);
     scanner.scan(journal, p, bounds, |s: Scanned<'_>| -> anyhow::Result<()> {
         cursor.advance(s.offset);
@@ -424,7 +427,8 @@ fn what_if(
         .collect();
     let total: i64 = bounds.iter().map(|(_, b)| b.high - b.low).sum();
     let progress = Progress::new("what-if", total);
-    let codec = Codec::new();
+    // Proposals in either framing (the clients write Confluent with a registry).
+    let codec = schema_registry::reader_codec(config)?;
     let mut whatif = WhatIf::default();
     let mut undecodable = 0u64;
     for (p, b) in bounds {

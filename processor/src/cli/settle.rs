@@ -10,7 +10,7 @@
 
 use std::io::Write;
 
-use airlock_schemas::{Codec, Control, ControlKind, Reason};
+use airlock_schemas::{Control, ControlKind, Reason};
 
 use super::ask::{self, Request};
 use crate::capability::PersonAct;
@@ -60,7 +60,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         evidence: Some(args.evidence.clone()),
         issued_at: crate::runtime::clock::wall_ms(),
     };
-    let payload = Codec::new().encode_single_object(&control)?;
+    let payload = ask::encode(&config, &control)?;
     let request = Request {
         headers: ask::person_signature(
             args.signing_key.as_deref(),

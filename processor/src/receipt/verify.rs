@@ -306,6 +306,14 @@ impl Verifier {
         }
     }
 
+    /// Reads receipts with `codec` (one holding the registry's ids reads Confluent-framed
+    /// receipts too; the signed content is the Avro datum either way).
+    #[must_use]
+    pub fn with_codec(mut self, codec: Codec) -> Self {
+        self.codec = codec;
+        self
+    }
+
     /// Reports `partition` even if no record of it is fed.
     pub fn include(&mut self, partition: i32) {
         self.chains.entry(partition).or_default();

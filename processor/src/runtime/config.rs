@@ -40,6 +40,7 @@
 //! | `telemetry.stall_after_ms` | `AIRLOCK_TELEMETRY_STALL_AFTER_MS` | `60000` |
 //! | `telemetry.otlp_endpoint` | `AIRLOCK_TELEMETRY_OTLP_ENDPOINT` | empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set, else no export |
 //! | `schema_registry.url` (a Confluent-compatible schema registry's base URL; see [`super::schema_registry`]) | `AIRLOCK_SCHEMA_REGISTRY_URL` | empty: no registry, inputs in Confluent framing are dead-lettered |
+//! | `schema_registry.framing` (how decisions, journal events and receipts are written: `single-object` or `confluent`, which needs `url`) | `AIRLOCK_SCHEMA_REGISTRY_FRAMING` | `single-object` |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -96,6 +97,54 @@ pub struct SchemaRegistry {
     /// registers Airlock's schemas there, and `airlock run` resolves their ids at start so that
     /// inputs in Confluent framing are read. Empty: no registry.
     pub url: String,
+    /// How the processor writes the records other systems read (decisions, journal events,
+    /// receipts): `single-object` (Avro single-object encoding, the default) or `confluent`
+    /// (the registry's ids; needs `url`). The changelog and the dispatch topics stay
+    /// single-object whatever this says: only Airlock reads them, and a restore or a connector
+    /// worker must not depend on the registry being up.
+    pub framing: OutputFraming,
+}
+
+/// How the processor frames the records other systems read (`schema_registry.framing`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+pub enum OutputFraming {
+    /// Avro single-object encoding: readable with the schemas alone.
+    #[default]
+    #[serde(rename = "single-object")]
+    SingleObject,
+    /// The Confluent wire format with the registry's ids: readable by Confluent deserializers.
+    #[serde(rename = "confluent")]
+    Confluent,
+}
+
+impl OutputFraming {
+    /// The name the configuration gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SingleObject => "single-object",
+            Self::Confluent => "confluent",
+        }
+    }
+
+    /// The codec's framing.
+    pub fn framing(self) -> airlock_schemas::Framing {
+        match self {
+            Self::SingleObject => airlock_schemas::Framing::SingleObject,
+            Self::Confluent => airlock_schemas::Framing::Confluent,
+        }
+    }
+}
+
+impl std::str::FromStr for OutputFraming {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "single-object" => Ok(Self::SingleObject),
+            "confluent" => Ok(Self::Confluent),
+            other => Err(format!("{other:?} is not single-object or confluent")),
+        }
+    }
 }
 
 /// Signed receipts of final outcomes and refusals (see `crate::receipt`).
@@ -750,6 +799,10 @@ impl Config {
             &mut self.telemetry.otlp_endpoint,
         );
         env.take("AIRLOCK_SCHEMA_REGISTRY_URL", &mut self.schema_registry.url);
+        env.parse(
+            "AIRLOCK_SCHEMA_REGISTRY_FRAMING",
+            &mut self.schema_registry.framing,
+        )?;
         Ok(())
     }
 
@@ -825,6 +878,12 @@ impl Config {
             return invalid(
                 "schema_registry.url",
                 "must be an http:// URL (the registry's Confluent API; HTTPS is not supported)",
+            );
+        }
+        if url.is_empty() && self.schema_registry.framing == OutputFraming::Confluent {
+            return invalid(
+                "schema_registry.framing",
+                "confluent needs schema_registry.url (the ids come from the registry)",
             );
         }
         Ok(())
@@ -903,6 +962,23 @@ partitions = 12
             source,
         })?;
         assert_eq!(Config::parse(&text, "airlock.toml")?, Config::default());
+        Ok(())
+    }
+
+    #[test]
+    fn confluent_framing_needs_a_registry() -> Result<()> {
+        let framed = "[schema_registry]\nframing = \"confluent\"\n";
+        let err = Config::parse(framed, "a.toml")?.validate().unwrap_err();
+        assert!(err.to_string().contains("schema_registry.framing"), "{err}");
+        let with_url = format!(
+            "[schema_registry]\nurl = \"http://r:8081\"\n{}",
+            &framed[18..]
+        );
+        let config = Config::parse(&with_url, "a.toml")?;
+        config.validate()?;
+        assert_eq!(config.schema_registry.framing, OutputFraming::Confluent);
+        let odd = Config::parse("[schema_registry]\nframing = \"avro\"\n", "a.toml").unwrap_err();
+        assert!(odd.to_string().contains("framing"), "{odd}");
         Ok(())
     }
 
@@ -990,7 +1066,7 @@ partitions = 12
         );
         for name in &documented {
             // A value each kind of field takes and that differs from its default.
-            let changes = ["7", "false", "true", "k=v", "tansu-0.6"]
+            let changes = ["7", "false", "true", "k=v", "tansu-0.6", "confluent"]
                 .iter()
                 .any(|value| {
                     let mut config = Config::default();

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use airlock_schemas::{
-    AnyRecord, ChangelogRecord, Codec, Decision, InputOffset, Reason, StateTable, Verdict,
+    AnyRecord, ChangelogRecord, Codec, Decision, Framing, InputOffset, Reason, StateTable, Verdict,
 };
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
@@ -225,6 +225,9 @@ pub struct PartitionTask {
     task: Task<RocksStore>,
     names: Names,
     codec: Codec,
+    /// How decisions, journal events and receipts are framed (`schema_registry.framing`); the
+    /// changelog and the dispatch topics are single-object always.
+    output_framing: Framing,
     partitions: i32,
     /// Outbox sequence of the next entry (persisted with each batch).
     next_outbox: u64,
@@ -277,6 +280,14 @@ impl std::fmt::Debug for PartitionTask {
 }
 
 impl PartitionTask {
+    /// Writes decisions, journal events and receipts in `framing` (the codec must hold the
+    /// registry's ids of their current schemas for [`Framing::Confluent`]).
+    #[must_use]
+    pub fn with_output_framing(mut self, framing: Framing) -> Self {
+        self.output_framing = framing;
+        self
+    }
+
     /// Wraps a store whose owner epoch has been claimed (see `restore`).
     pub fn new(
         core: Arc<Core>,
@@ -293,6 +304,7 @@ impl PartitionTask {
             task: Task::new(core, store, ctx)?,
             names,
             codec,
+            output_framing: Framing::SingleObject,
             partitions,
             next_outbox,
             staged_outbox: Vec::new(),
@@ -1310,7 +1322,10 @@ impl PartitionTask {
                 topic: self.names.decisions(),
                 partition,
                 key: Some(d.operation_key.as_bytes().to_vec()),
-                value: Some(encode("decision", self.codec.encode_single_object(d))?),
+                value: Some(encode(
+                    "decision",
+                    self.codec.encode(self.output_framing, d),
+                )?),
                 headers: wire::identity("decision", &d.decision_id, partition, owner_epoch),
                 phase: 0,
             });
@@ -1320,7 +1335,10 @@ impl PartitionTask {
                 topic: self.names.journal(),
                 partition,
                 key: Some(j.operation_key.as_deref().unwrap_or("").as_bytes().to_vec()),
-                value: Some(encode("journal event", self.codec.encode_single_object(j))?),
+                value: Some(encode(
+                    "journal event",
+                    self.codec.encode(self.output_framing, j),
+                )?),
                 headers: wire::identity(
                     "journal",
                     &format!("journal/{partition}/{}", j.sequence),
@@ -1335,7 +1353,10 @@ impl PartitionTask {
                 topic: self.names.receipts(),
                 partition,
                 key: Some(r.operation_key.as_bytes().to_vec()),
-                value: Some(encode("receipt", self.codec.encode_single_object(r))?),
+                value: Some(encode(
+                    "receipt",
+                    self.codec.encode(self.output_framing, r),
+                )?),
                 headers: wire::identity(
                     "receipt",
                     &format!("receipt/{partition}/{}", r.sequence),

@@ -123,6 +123,9 @@ pub struct Claim {
     pub core: Arc<Core>,
     pub names: Names,
     pub codec: Codec,
+    /// How the tasks frame decisions, journal events and receipts (see
+    /// [`PartitionTask::with_output_framing`]).
+    pub output_framing: airlock_schemas::Framing,
     pub partitions: i32,
     /// Every output topic: each gets a fence marker.
     pub output_topics: Vec<String>,
@@ -469,7 +472,8 @@ impl Claim {
             self.names.clone(),
             self.codec.clone(),
             self.partitions,
-        )?;
+        )?
+        .with_output_framing(self.output_framing);
         let mut rewrite = latest_fenced.keys();
         rewrite.extend(
             torn.iter()

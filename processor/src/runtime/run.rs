@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use airlock_schemas::{Codec, SchemaIds};
+use airlock_schemas::Codec;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
@@ -584,22 +584,9 @@ fn run_loop(
     let names = Names::new(&config.topics.prefix);
     // With a schema registry, the ids of every registered version of the inputs' schemas (and
     // the outputs'), so that Confluent-framed inputs are read; a missing subject stops here.
-    let schema_ids = match config.schema_registry.url.trim() {
-        "" => SchemaIds::new(),
-        url => {
-            let mut subjects = schema_registry::input_subjects(&names);
-            subjects.extend(schema_registry::output_subjects(&names));
-            let ids = schema_registry::Client::new(url)
-                .and_then(|client| schema_registry::resolve(&client, &subjects))
-                .map_err(|e| {
-                    Error::SchemaRegistry(
-                        e.context("resolving Airlock's schema ids (schema_registry.url)"),
-                    )
-                })?;
-            log::info!("schema registry {url}: {} schema ids resolved", ids.len());
-            ids
-        }
-    };
+    let schema_ids = schema_registry::configured_ids(config, &schema_registry::subjects(&names))
+        .map_err(Error::SchemaRegistry)?;
+    let output_framing = config.schema_registry.framing.framing();
     let connectors: BTreeSet<String> = core
         .registry()
         .tools()
@@ -667,6 +654,7 @@ fn run_loop(
         codec: Codec::new()
             .with_max_payload_bytes(config.kafka.max_payload_bytes())
             .with_schema_ids(schema_ids),
+        output_framing,
         partitions: config.topics.partitions,
         output_topics,
         state_dir: config.state.dir.clone(),

@@ -30,6 +30,17 @@
 //! payloads carrying its id are dead-lettered as `UNKNOWN_SCHEMA`. A missing subject is an
 //! error: the processor refuses to start.
 //!
+//! # Writing (`schema_registry.framing = "confluent"`)
+//!
+//! The processor then writes the records other systems read (decisions, journal events,
+//! receipts: [`FRAMED_OUTPUTS`]) in the Confluent wire format with the ids of their current
+//! schemas, and refuses to start when one has none. The changelog and the dispatch topics
+//! stay single-object: only Airlock reads them, and a claim restoring a partition or a
+//! connector worker acting on a command must not wait for the registry. Airlock's own readers
+//! of the framed topics (`airlock propose/approve/settle` waiting for decisions, `airlock
+//! replay`, `audit` and `receipts`, the demo) resolve the ids the same way ([`reader_codec`]);
+//! the Python and TypeScript clients given the registry's URL look up the Decision schema's id.
+//!
 //! Every HTTP call is bounded ([`TIMEOUT`]); the registry's errors are reported by HTTP status
 //! (Apicurio's Confluent API does not fill `error_code` on 409).
 
@@ -37,9 +48,11 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::time::Duration;
 
-use airlock_schemas::{RecordKind, SchemaIds, SchemaVersion, parsing_canonical_form};
+use airlock_schemas::{Codec, RecordKind, SchemaIds, SchemaVersion, parsing_canonical_form};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
+
+use super::config::{Config, OutputFraming};
 
 use super::topics::Names;
 
@@ -433,6 +446,56 @@ pub fn resolve(client: &Client, subjects: &[Subject]) -> anyhow::Result<SchemaId
         }
     }
     Ok(ids)
+}
+
+/// The schema ids `config` calls for: none without `schema_registry.url`; with it, every
+/// registered version under `subjects` ([`resolve`]), and, when `schema_registry.framing` is
+/// `confluent`, the ids of the current schemas of what is written in it (decisions, journal
+/// events, receipts).
+///
+/// # Errors
+///
+/// As [`resolve`], with the cause in context; a current schema of an output without an id.
+pub fn configured_ids(config: &Config, subjects: &[Subject]) -> anyhow::Result<SchemaIds> {
+    let url = config.schema_registry.url.trim();
+    if url.is_empty() {
+        return Ok(SchemaIds::new());
+    }
+    let ids = Client::new(url)
+        .and_then(|client| resolve(&client, subjects))
+        .context("resolving Airlock's schema ids (schema_registry.url)")?;
+    if config.schema_registry.framing == OutputFraming::Confluent {
+        for kind in FRAMED_OUTPUTS {
+            if ids.id_of(kind).is_none() {
+                bail!(
+                    "schema registry {url}: the current {kind} schema is not registered, and \
+                     schema_registry.framing = \"confluent\" writes it with its id; run \
+                     `airlock topics create` with this build to register it"
+                );
+            }
+        }
+    }
+    log::info!("schema registry {url}: {} schema ids resolved", ids.len());
+    Ok(ids)
+}
+
+/// The records written in `schema_registry.framing`: what other systems read.
+pub const FRAMED_OUTPUTS: [RecordKind; 3] = [
+    RecordKind::Decision,
+    RecordKind::JournalEvent,
+    RecordKind::Receipt,
+];
+
+/// A codec that reads what the processor writes as `config` says: with the registry's ids when
+/// `schema_registry.url` is set (decisions, journal events and receipts may be Confluent
+/// framed), else single-object only.
+///
+/// # Errors
+///
+/// As [`configured_ids`].
+pub fn reader_codec(config: &Config) -> anyhow::Result<Codec> {
+    let names = Names::new(&config.topics.prefix);
+    Ok(Codec::new().with_schema_ids(configured_ids(config, &subjects(&names))?))
 }
 
 fn register_id(

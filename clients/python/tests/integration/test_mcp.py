@@ -1,10 +1,13 @@
 """The MCP gateway, launched over stdio by the official MCP SDK's client, against the live
 Airlock of ``tests/tests/python_client.rs`` (which also passes ``AIRLOCK_TEST_REGISTRY``, the
-tool registry its processor runs with)."""
+tool registry its processor runs with, and ``AIRLOCK_TEST_LEDGER``, the reference ledger's URL,
+whose fault API makes a response get lost)."""
 
 import asyncio
+import json
 import os
 import sys
+import urllib.request
 import uuid
 
 from mcp import Client
@@ -116,3 +119,39 @@ def test_the_gateway_over_streamable_http():
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_lost_response_gives_outcome_unknown_then_the_original_result_once():
+    key = f"mcp-{RUN}-lost"
+    # The ledger commits this refund and drops the connection before answering.
+    armed = urllib.request.Request(
+        os.environ["AIRLOCK_TEST_LEDGER"] + "/v1/faults",
+        data=json.dumps(
+            {"fault": "drop-response", "match": {"reference": f"refund:{key}"}, "times": 1}
+        ).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(armed, timeout=10) as response:
+        assert response.status == 201
+
+    async def main():
+        async with Client(gateway(), read_timeout_seconds=120) as mcp:
+            lost = await mcp.call_tool("refund", refund(940, key))
+            assert not lost.is_error, lost
+            assert lost.structured_content["status"] == "unknown", lost
+            text = lost.content[0].text
+            assert text.startswith(f"outcome unknown: refund:{key} may or may not have taken effect."), text
+            assert "Do NOT retry" in text
+            # Reconciliation finds the committed refund: the same call then reports it.
+            again = lost
+            for _ in range(60):
+                if again.structured_content["status"] == "committed":
+                    break
+                await asyncio.sleep(1)
+                again = await mcp.call_tool("refund", refund(940, key))
+                assert again.structured_content["status"] in ("unknown", "committed"), again
+            assert again.structured_content["status"] == "committed", again
+            committed(f"refund:{key}")
+
+    asyncio.run(main())

@@ -230,6 +230,57 @@ describe("the MCP gateway against a live Airlock", () => {
     });
   });
 
+  describe("a lost response", () => {
+    let client: Client;
+
+    before(async () => {
+      if (BROKERS && REGISTRY) {
+        client = await Client.connect(BROKERS, { topicPrefix: PREFIX });
+      }
+    });
+
+    after(async () => {
+      await client?.close();
+    });
+
+    const ledger = process.env["AIRLOCK_TEST_LEDGER"];
+    const withLedger = { skip: live.skip || (!ledger && "AIRLOCK_TEST_LEDGER is not set") };
+
+    test("gives outcome unknown, then the original result, and one effect", withLedger, async () => {
+      const tools = new AirlockTools(client, REGISTRY!, { tenant: "acme", principal: "agent-support-1", waitSeconds: 90 });
+      const [near, far] = InMemoryTransport.createLinkedPair();
+      await buildServer(tools).connect(far);
+      const mcp = mcpClient();
+      await mcp.connect(near);
+      try {
+        // The ledger commits this refund and drops the connection before answering.
+        const key = `mcp-${RUN}-lost`;
+        const armed = await fetch(`${ledger}/v1/faults`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ fault: "drop-response", match: { reference: `refund:${key}` }, times: 1 }),
+          signal: AbortSignal.timeout(10_000),
+        });
+        assert.equal(armed.status, 201, await armed.text());
+        const lost = await call(mcp, "refund", refund(940, key));
+        assert.ok(!lost.isError && lost.structured["status"] === "unknown", JSON.stringify(lost));
+        assert.ok(lost.text.startsWith(`outcome unknown: refund:${key} may or may not have taken effect.`), lost.text);
+        assert.match(lost.text, /Do NOT retry/);
+        // Reconciliation finds the committed refund: the same call then reports it, once.
+        let again = lost;
+        for (let i = 0; i < 60 && again.structured["status"] !== "committed"; i++) {
+          await new Promise((resolve) => setTimeout(resolve, 1000));
+          again = await call(mcp, "refund", refund(940, key));
+          assert.ok(["unknown", "committed"].includes(String(again.structured["status"])), JSON.stringify(again));
+        }
+        assert.equal(again.structured["status"], "committed", JSON.stringify(again));
+        committed(`refund:${key}`);
+      } finally {
+        await mcp.close();
+      }
+    });
+  });
+
   describe("over streamable HTTP", () => {
     let gateway: ChildProcess;
     let url: URL;

@@ -114,7 +114,7 @@ impl Watch {
             dispatch,
             producer,
             reader,
-            codec: Codec::new(),
+            codec: crate::runtime::schema_registry::reader_codec(config)?,
             fence: FenceFilter::default(),
             labels: HashMap::new(),
             inputs: HashMap::new(),
