@@ -938,6 +938,19 @@ fn stale_lease_fence_is_refused() -> Vec<Decision> {
     let mut old = sample::refund("refund:f3", 100, w.now);
     old.lease_fence = 8;
     assert_verdict(&w.propose(&old), Verdict::Rejected, Reason::StaleFence);
+    // A fence record below the accepted one comes from the stale owner: refused, and the
+    // fence stays where it was.
+    let mut stale = sample::control("fence-2", ControlKind::LeaseFence, None, w.now);
+    stale.run_id = Some("run-1".into());
+    stale.lease_fence = Some(7);
+    let e = w.feed(Input::Control(stale));
+    assert_verdict(&e, Verdict::Rejected, Reason::StaleFence);
+    assert!(
+        decision(&e).detail.contains("accepted fence 9"),
+        "{}",
+        decision(&e).detail
+    );
+    assert_verdict(&w.propose(&old), Verdict::Rejected, Reason::StaleFence);
     w.seen
 }
 

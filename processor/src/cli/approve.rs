@@ -72,6 +72,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         )?,
         topic: names.approvals(),
         operation_key: &args.operation_key,
+        partition: None,
         payload,
         reply_to: &approval.approval_id,
         done: |d| matches!(d.verdict, Verdict::Recorded | Verdict::Duplicate),

@@ -76,7 +76,11 @@ pub fn print_answer(
 pub struct Request<'a> {
     /// The input topic (`names.control()`, `names.approvals()`).
     pub topic: String,
+    /// The record's key; it names the partition unless `partition` does.
     pub operation_key: &'a str,
+    /// The partition to publish to and read the answer from, for a record that names no
+    /// operation key (a run's lease fence goes to every partition); `None`: the key's.
+    pub partition: Option<i32>,
     pub payload: Vec<u8>,
     /// The id the decision's `in_reply_to` carries.
     pub reply_to: &'a str,
@@ -148,7 +152,10 @@ pub fn publish_and_await(
     published: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<Answer> {
     let deadline = Instant::now() + timeout;
-    let answers = Answers::open(config, role, request.operation_key)?;
+    let partition = request.partition.unwrap_or_else(|| {
+        partition_for(request.operation_key.as_bytes(), config.topics.partitions)
+    });
+    let answers = Answers::open(config, role, partition)?;
     let wants = |d: &Decision| d.in_reply_to == request.reply_to;
     let mut replies = answers.replies(request.reply_to, &wants);
     let end = answers.end;
@@ -214,9 +221,9 @@ struct Answers {
 }
 
 impl Answers {
-    fn open(config: &Config, role: &str, operation_key: &str) -> anyhow::Result<Answers> {
+    /// The decisions partition `partition`.
+    fn open(config: &Config, role: &str, partition: i32) -> anyhow::Result<Answers> {
         let names = Names::new(&config.topics.prefix);
-        let partition = partition_for(operation_key.as_bytes(), config.topics.partitions);
         let decisions = names.decisions();
         let reader: BaseConsumer = config
             .client_config()
@@ -285,7 +292,8 @@ pub fn latest_pending_approval(
     timeout: Duration,
 ) -> anyhow::Result<Option<String>> {
     let deadline = Instant::now() + timeout;
-    let answers = Answers::open(config, role, operation_key)?;
+    let partition = partition_for(operation_key.as_bytes(), config.topics.partitions);
+    let answers = Answers::open(config, role, partition)?;
     // APPROVAL_REQUIRED opens a round; a proposal resent while it is open is answered
     // AWAITING_APPROVAL and opens none.
     let wants = |d: &Decision| {

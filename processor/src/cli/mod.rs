@@ -28,6 +28,7 @@ pub mod propose;
 pub mod receipts;
 pub mod replay;
 pub mod run;
+pub mod runs;
 pub mod settle;
 pub mod topics;
 
@@ -78,6 +79,9 @@ pub enum Command {
     /// The effects in a given state over every partition (`effects list --state UNKNOWN`),
     /// read from the changelog.
     Effects(effects::Args),
+    /// Agent runs: `runs fence RUN --fence N` raises a run's lease fence on every partition
+    /// before a new owner proceeds.
+    Runs(runs::Args),
 }
 
 impl Cli {
@@ -96,6 +100,7 @@ impl Cli {
             Command::Audit(args) => audit::run(&args, &mut std::io::stdout().lock()),
             Command::Receipts(args) => receipts::run(&args, &mut std::io::stdout().lock()),
             Command::Effects(args) => effects::run(&args, &mut std::io::stdout().lock()),
+            Command::Runs(args) => runs::run(&args, &mut std::io::stdout().lock()),
         }
     }
 }

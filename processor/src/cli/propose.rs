@@ -65,6 +65,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         headers: Vec::new(),
         topic: names.proposals(),
         operation_key: &proposal.operation_key,
+        partition: None,
         payload: ask::encode(&config, &proposal)?,
         reply_to: &proposal.proposal_id,
         // Any answer about this proposal (the latest shows where its intent stands: approved,

@@ -70,6 +70,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         )?,
         topic: names.control(),
         operation_key: &args.operation_key,
+        partition: None,
         payload,
         reply_to: &control_id,
         done: |d| d.reason == Reason::OperatorSettled,

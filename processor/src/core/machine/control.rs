@@ -47,7 +47,22 @@ impl Core {
                 updated_at: now,
                 expires_at: now,
             });
-            run.highest_fence = run.highest_fence.max(fence);
+            if fence < run.highest_fence {
+                // Whoever asks for a lower fence is the run's stale owner: told so, not
+                // answered as if its fence held.
+                return self.control_refused(
+                    c,
+                    None,
+                    Reason::StaleFence,
+                    format!(
+                        "lease fence {fence} is below the run's accepted fence {} here; run \
+                         {run_id} has a newer owner",
+                        run.highest_fence
+                    ),
+                    step,
+                );
+            }
+            run.highest_fence = fence;
             run.updated_at = now;
             run.expires_at = now.saturating_add_unsigned(self.config.run_retention_ms);
             let mut event = self.event(JournalKind::RunFenceAdvanced, step, None);
