@@ -950,6 +950,9 @@ fn stale_lease_fence_is_refused() -> Vec<Decision> {
         "{}",
         decision(&e).detail
     );
+    // Journaled under its run, so that the run's history shows the stale owner's attempt.
+    assert_eq!(e.journal[0].run_id.as_deref(), Some("run-1"));
+    assert_eq!(e.journal[0].lease_fence, Some(7));
     assert_verdict(&w.propose(&old), Verdict::Rejected, Reason::StaleFence);
     w.seen
 }

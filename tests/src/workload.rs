@@ -133,7 +133,7 @@ pub fn explain_missing(
             .filter(|id| !replies.contains_key(*id))
             .count()
     )?;
-    let codec = Codec::new();
+    let codec = a.reader_codec()?;
     for r in a.read_topic(&a.names.proposals())? {
         if let Ok(p) = codec.decode_as::<ToolProposal>(r.value.as_deref().unwrap_or_default())
             && missing.contains(&p.proposal_id)

@@ -2,7 +2,9 @@
 //! processor instances in one group: once the new owner has fenced the run, a proposal of the
 //! stale owner is refused STALE_FENCE on every partition its keys land on, not only on the
 //! partitions the new owner's own proposals reached; a lower fence is refused as coming from
-//! the stale owner; the same command again changes nothing.
+//! the stale owner, also when that owner ran the same command successfully before the takeover;
+//! the same fence again is recorded again. `airlock runs show` lists the run's
+//! calls over every partition, what is open, and the fence and dispatches per partition.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -48,7 +50,20 @@ async fn a_fenced_run_refuses_its_stale_owner_on_every_partition() -> anyhow::Re
     let producer = a.producer()?;
     let run = "run-fenced";
 
-    // The first owner (fence 4) proposes on one partition only: the others never saw the run.
+    let fence = |fence: &str| {
+        a.cli(&[
+            "runs",
+            "fence",
+            run,
+            "--fence",
+            fence,
+            "--operator",
+            "orchestrator-1",
+        ])
+    };
+    // The first owner fences the run at 4 everywhere, then proposes on one partition only.
+    let (ok, out, err) = fence("4")?;
+    assert!(ok, "{out}\n{err}");
     let first = one_per_partition(run, 4, "first");
     a.send(
         &producer,
@@ -63,17 +78,6 @@ async fn a_fenced_run_refuses_its_stale_owner_on_every_partition() -> anyhow::Re
     assert_eq!(replies[&first[0].proposal_id].verdict, Verdict::Accepted);
 
     // A new owner takes the run over at fence 5: every partition records it.
-    let fence = |fence: &str| {
-        a.cli(&[
-            "runs",
-            "fence",
-            run,
-            "--fence",
-            fence,
-            "--operator",
-            "orchestrator-1",
-        ])
-    };
     let (ok, out, err) = fence("5")?;
     eprintln!("airlock runs fence {run} --fence 5:\n{out}{err}");
     assert!(ok, "{out}\n{err}");
@@ -125,8 +129,58 @@ async fn a_fenced_run_refuses_its_stale_owner_on_every_partition() -> anyhow::Re
         assert_eq!(replies[&p.proposal_id].verdict, Verdict::Accepted);
     }
 
-    // The stale owner's own fence command is refused on every partition; the same fence
-    // again is answered before, and publishes nothing.
+    // The run as `airlock runs show` reads it from the changelog: the first owner's call and
+    // the new owner's four, nothing of the stale owner's; fence 5 and the dispatches on every
+    // partition. No worker runs, so every call is still open.
+    let expected: Vec<&str> = std::iter::once(&first[0])
+        .chain(&fresh)
+        .map(|p| p.operation_key.as_str())
+        .collect();
+    let shown = airlock_tests::eventually("runs show with every call", WAIT, async || {
+        let (ok, out, err) = a.cli(&["runs", "show", run, "--json"])?;
+        anyhow::ensure!(ok, "{out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        let seen = v["calls"].as_array().map_or(0, Vec::len);
+        Ok((seen == expected.len()).then_some(v))
+    })
+    .await?;
+    let mut keys: Vec<&str> = shown["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["operation_key"].as_str().unwrap())
+        .collect();
+    keys.sort_unstable();
+    let mut want = expected.clone();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{shown:#}");
+    assert_eq!(shown["open"], expected.len(), "{shown:#}");
+    let per_partition = shown["partitions"].as_array().unwrap();
+    assert_eq!(per_partition.len(), PARTITIONS as usize, "{shown:#}");
+    assert!(
+        per_partition.iter().all(|p| p["lease_fence"] == 5),
+        "{shown:#}"
+    );
+    let dispatched: u64 = per_partition
+        .iter()
+        .map(|p| p["dispatches"].as_u64().unwrap())
+        .sum();
+    assert_eq!(dispatched, expected.len() as u64, "{shown:#}");
+    let (ok, out, err) = a.cli(&["runs", "show", run])?;
+    eprintln!("airlock runs show {run}:\n{out}");
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("run {run}: 5 calls on 4 of 4 partitions")),
+        "{out}"
+    );
+    assert!(
+        out.contains("lease fence by partition: 0=5 1=5 2=5 3=5"),
+        "{out}"
+    );
+
+    // The stale owner's own fence command, answered FENCE_ADVANCED before the takeover, is
+    // refused on every partition now (an earlier answer to it does not count); the new
+    // owner's fence again is recorded again.
     let (ok, out, err) = fence("4")?;
     eprintln!("airlock runs fence {run} --fence 4:\n{out}{err}");
     assert!(!ok, "{out}");
@@ -141,7 +195,7 @@ async fn a_fenced_run_refuses_its_stale_owner_on_every_partition() -> anyhow::Re
     let (ok, out, err) = fence("5")?;
     assert!(ok, "{out}\n{err}");
     assert_eq!(
-        out.matches("(before)").count(),
+        out.matches("RECORDED FENCE_ADVANCED").count(),
         PARTITIONS as usize,
         "{out}"
     );

@@ -33,7 +33,7 @@ from . import codec
 from .canonical import canonicalize
 from .fence import ACCEPT, BARRIER_KIND, FORGED, KIND, FenceFilter, MarkerVerifier
 from .partitioner import LIBRDKAFKA_PARTITIONER, partition_for
-from .registry import SchemaRegistry, topic_subject
+from .registry import RegistryError, SchemaRegistry, topic_subject
 
 log = logging.getLogger("airlock_client")
 
@@ -440,11 +440,16 @@ class Client:
                 topic_subject(self.proposals), "ToolProposal", register=register_schema
             )
             # What the processor and the connector workers may write in the Confluent framing.
+            # A registry without them (an older Airlock registered its schemas) is no reason
+            # not to start: answers written single-object are read all the same.
             for topic, record in ((self.decisions, "Decision"), (self.outcomes, "Outcome")):
-                schema_ids[registry.schema_id(topic_subject(topic), record)] = (
-                    record,
-                    codec.current_version(record),
-                )
+                try:
+                    schema_ids[registry.schema_id(topic_subject(topic), record)] = (
+                        record,
+                        codec.current_version(record),
+                    )
+                except RegistryError as e:
+                    log.warning("answers in the Confluent framing will not be read: %s", e)
         self.schema_id = schema_id
         self._producer = Producer(
             {

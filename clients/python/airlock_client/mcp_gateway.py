@@ -87,6 +87,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--brokers", required=True, help="Kafka bootstrap servers")
     parser.add_argument("--topic-prefix", default="airlock.", help="Airlock's topics.prefix")
+    parser.add_argument(
+        "--schema-registry-url",
+        default=None,
+        help="a Confluent-compatible schema registry: proposals published in the Confluent "
+        "framing with its ids, answers read in either framing (the processor's "
+        "schema_registry.url; needed when it runs with schema_registry.framing = \"confluent\")",
+    )
     parser.add_argument("--registry", required=True, type=Path, help="Airlock's tools.toml")
     parser.add_argument("--tenant", required=True, help="the tenant every call is made for")
     parser.add_argument("--principal", required=True, help="the principal the agent acts for")
@@ -102,7 +109,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        async with AsyncClient(args.brokers, topic_prefix=args.topic_prefix) as client:
+        async with AsyncClient(
+            args.brokers,
+            topic_prefix=args.topic_prefix,
+            schema_registry_url=args.schema_registry_url,
+        ) as client:
             tools = AirlockTools(
                 client,
                 args.registry,

@@ -29,7 +29,7 @@ import { viaCallback } from "./callback.js";
 import { canonicalize, toJsonText } from "./canonical.js";
 import * as codec from "./codec.js";
 import { FINAL, NOT_REFUSED, SETTLING, type Decision, type Settlement } from "./decision.js";
-import { AirlockError, BrokerUnavailable, Refused, TimedOut } from "./errors.js";
+import { AirlockError, BrokerUnavailable, Refused, RegistryError, TimedOut } from "./errors.js";
 import { MarkerVerifier } from "./fence.js";
 import { contentId, proposalFingerprint } from "./ids.js";
 import { partitionFor } from "./partitioner.js";
@@ -303,11 +303,21 @@ export class Client {
       });
       options = { ...options, schemaId };
       // What the processor and the connector workers may write in the Confluent framing.
+      // A registry without them (an older Airlock registered its schemas) is no reason not to
+      // start: answers written single-object are read all the same.
+      const warn = options.onWarning ?? ((m: string) => console.warn(`airlock-client: ${m}`));
       for (const [topic, record] of [
         [`${prefix}decisions`, "Decision"],
         [`${prefix}outcomes`, "Outcome"],
       ] as const) {
-        schemaIds.set(await registry.schemaId(topicSubject(topic), record), [record, codec.currentVersion(record)]);
+        try {
+          schemaIds.set(await registry.schemaId(topicSubject(topic), record), [record, codec.currentVersion(record)]);
+        } catch (e) {
+          if (!(e instanceof RegistryError)) {
+            throw e;
+          }
+          warn(`answers in the Confluent framing will not be read: ${e.message}`);
+        }
       }
     }
     const client = new Client(bootstrapServers, options, schemaIds);

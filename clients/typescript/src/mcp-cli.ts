@@ -19,7 +19,7 @@ import { AirlockTools, loadRegistry } from "./tools.js";
 
 const USAGE = `usage: airlock-mcp --brokers HOST:PORT[,...] --registry TOOLS.TOML --tenant TENANT
                    --principal PRINCIPAL [--topic-prefix PREFIX] [--wait-seconds N]
-                   [--http HOST:PORT]
+                   [--schema-registry-url URL] [--http HOST:PORT]
 
 An MCP server that calls tools through Airlock.
 
@@ -30,6 +30,11 @@ An MCP server that calls tools through Airlock.
   --principal      the principal the agent acts for
   --wait-seconds   how long a call waits for Airlock's answer, then again for the outcome
                    (default 60)
+  --schema-registry-url
+                   a Confluent-compatible schema registry (the processor's
+                   schema_registry.url): proposals published in the Confluent framing,
+                   answers read in either (needed when the processor runs with
+                   schema_registry.framing = "confluent")
   --http           serve streamable HTTP at http://HOST:PORT/mcp instead of stdio
 `;
 
@@ -53,6 +58,7 @@ async function main(argv: string[]): Promise<void> {
         tenant: { type: "string" },
         principal: { type: "string" },
         "wait-seconds": { type: "string", default: "60" },
+        "schema-registry-url": { type: "string" },
         http: { type: "string" },
         help: { type: "boolean", short: "h" },
       },
@@ -100,7 +106,11 @@ async function main(argv: string[]): Promise<void> {
   }
   let client: Client;
   try {
-    client = await Client.connect(brokers, { topicPrefix: values["topic-prefix"] as string });
+    const schemaRegistryUrl = values["schema-registry-url"] as string | undefined;
+    client = await Client.connect(brokers, {
+      topicPrefix: values["topic-prefix"] as string,
+      ...(schemaRegistryUrl ? { schemaRegistryUrl } : {}),
+    });
   } catch (e) {
     fail(e instanceof Error ? e.message : String(e), 1);
   }

@@ -84,30 +84,73 @@ struct Listed {
     effect: EffectRecord,
 }
 
-fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
+/// Rows of the changelog a read skipped.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Skipped {
+    /// Rows that did not decode (an older binary than the processors that wrote them?).
+    pub undecodable: u64,
+    /// Rows behind an owner's fence: a zombie's writes.
+    pub fenced: u64,
+}
+
+impl Skipped {
+    /// `; N rows ... skipped` for a summary line, empty when nothing was.
+    pub(super) fn describe(self) -> String {
+        let mut s = String::new();
+        if self.fenced > 0 {
+            s.push_str(&format!(
+                "; {} rows behind an owner's fence skipped",
+                self.fenced
+            ));
+        }
+        if self.undecodable > 0 {
+            s.push_str(&format!(
+                "; {} rows that do not decode skipped",
+                self.undecodable
+            ));
+        }
+        s
+    }
+
+    /// An error when a row did not decode: the answer would be incomplete.
+    pub(super) fn ensure_complete(self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.undecodable == 0,
+            "{} changelog rows did not decode: this binary may be older than the processors \
+             that wrote them",
+            self.undecodable
+        );
+        Ok(())
+    }
+}
+
+/// Reads the changelog of each of `selected` partitions as a restore reads it
+/// ([`ChangelogEffects`]) and hands each partition's effects and runs to `each`, one partition
+/// at a time; progress on standard error under `what`.
+pub(super) fn read_changelogs(
+    config: &Config,
+    read: &ReadArgs,
+    selected: &[i32],
+    what: &'static str,
+    mut each: impl FnMut(i32, ChangelogEffects),
+) -> anyhow::Result<Skipped> {
     let names = Names::new(&config.topics.prefix);
-    let selected = partitions(&args.partitions, config.topics.partitions)?;
-    let consumer = reader(&config, "effects")?;
+    let consumer = reader(config, what)?;
     let scanner = Scanner {
         consumer: &consumer,
-        stall_timeout: Duration::from_secs(args.read.stall_timeout_seconds),
+        stall_timeout: Duration::from_secs(read.stall_timeout_seconds),
     };
     let changelog = names.changelog();
     let wanted: Vec<(String, i32)> = selected.iter().map(|&p| (changelog.clone(), p)).collect();
     // Nothing but processors writes the changelog. On Kafka its end is the high watermark read
     // now (a read-only end, so no barrier is written); on a broker whose watermark lags
     // (`compat`) a barrier marks the end, unless --read-only.
-    let read_only = args.read.read_only || config.kafka.compatibility.high_watermark_is_end();
-    let bounds = ends(&scanner, &config, read_only, &wanted, None)?;
-    let progress = Progress::new("effects", bounds.iter().map(|b| b.high - b.low).sum());
+    let read_only = read.read_only || config.kafka.compatibility.high_watermark_is_end();
+    let bounds = ends(&scanner, config, read_only, &wanted, None)?;
+    let progress = Progress::new(what, bounds.iter().map(|b| b.high - b.low).sum());
     // Every changelog record the broker took, whatever the write limit says now.
     let codec = Codec::new().with_max_payload_bytes(usize::MAX);
-    let now = crate::runtime::clock::wall_ms();
-    let cutoff = args
-        .older_than
-        .map(|s| now.saturating_sub(i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)));
-    let (mut listed, mut read, mut undecodable, mut fenced) = (Vec::new(), 0usize, 0u64, 0u64);
+    let mut skipped = Skipped::default();
     for (&p, b) in selected.iter().zip(bounds) {
         let mut effects = ChangelogEffects::default();
         let mut cursor = progress.partition(&b);
@@ -117,8 +160,23 @@ fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
             Ok(())
         })?;
         drop(cursor);
-        undecodable += effects.undecodable;
-        fenced += effects.fenced;
+        skipped.undecodable += effects.undecodable;
+        skipped.fenced += effects.fenced;
+        each(p, effects);
+    }
+    progress.finish();
+    Ok(skipped)
+}
+
+fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
+    let selected = partitions(&args.partitions, config.topics.partitions)?;
+    let now = crate::runtime::clock::wall_ms();
+    let cutoff = args
+        .older_than
+        .map(|s| now.saturating_sub(i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)));
+    let (mut listed, mut read) = (Vec::new(), 0usize);
+    let skipped = read_changelogs(&config, &args.read, &selected, "effects", |p, effects| {
         let effects = effects.into_effects();
         read += effects.len();
         listed.extend(
@@ -136,8 +194,7 @@ fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
                     effect,
                 }),
         );
-    }
-    progress.finish();
+    })?;
     listed.sort_by(|a, b| {
         (a.effect.updated_at, &a.effect.operation_key)
             .cmp(&(b.effect.updated_at, &b.effect.operation_key))
@@ -153,31 +210,17 @@ fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
         writeln!(
             out,
             "{} of {read} effects listed, from the changelog of {} partitions (each as of its \
-             last whole batch){}{}",
+             last whole batch){}",
             listed.len(),
             selected.len(),
-            if fenced > 0 {
-                format!("; {fenced} rows behind an owner's fence skipped")
-            } else {
-                String::new()
-            },
-            if undecodable > 0 {
-                format!("; {undecodable} rows that do not decode skipped")
-            } else {
-                String::new()
-            },
+            skipped.describe(),
         )?;
     }
-    anyhow::ensure!(
-        undecodable == 0,
-        "{undecodable} changelog rows did not decode: this binary may be older than the \
-         processors that wrote them"
-    );
-    Ok(())
+    skipped.ensure_complete()
 }
 
 /// What the state says beyond its name: reconciliation rounds, the retry, the approvals.
-fn detail(state: &State) -> String {
+pub(super) fn detail(state: &State) -> String {
     match state {
         State::AwaitingApproval { approvals, .. } => {
             format!(" approvals={}", approvals.len())

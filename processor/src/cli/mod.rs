@@ -79,8 +79,9 @@ pub enum Command {
     /// The effects in a given state over every partition (`effects list --state UNKNOWN`),
     /// read from the changelog.
     Effects(effects::Args),
-    /// Agent runs: `runs fence RUN --fence N` raises a run's lease fence on every partition
-    /// before a new owner proceeds.
+    /// Agent runs: `runs show RUN` lists a run's calls over every partition (from the
+    /// changelog); `runs fence RUN --fence N` raises its lease fence on every partition before
+    /// a new owner proceeds.
     Runs(runs::Args),
 }
 

@@ -1,5 +1,5 @@
-//! Every effect's current record, read from the changelog: the read model behind
-//! `airlock effects list`.
+//! Every effect's and run's current record, read from the changelog: the read model behind
+//! `airlock effects list` and `airlock runs show`.
 //!
 //! The changelog holds each partition's state as its owners wrote it, compacted to the latest
 //! row per key. Reading it as a restore does (fence-filtered; a batch's rows applied only once
@@ -8,9 +8,9 @@
 //! state as of the partition's last whole batch, whichever instances own the partitions and
 //! however many run. It needs read access to the changelog only, and no processor to answer.
 //!
-//! Memory: the effect records of one partition at a time (a purged intent is gone; a closed
-//! one is a small marker), and the effect rows read since the last batch end that survived
-//! compaction.
+//! Memory: the effect and run records of one partition at a time (a purged intent is gone; a
+//! closed one is a small marker; a run record is a few numbers), and the effect and run rows
+//! read since the last batch end that survived compaction.
 
 use std::collections::BTreeMap;
 
@@ -20,13 +20,16 @@ use super::partition;
 use super::restore::{Row, RowHeaders, WholeBatches, tombstone};
 use super::scan::Scanned;
 use super::wire::Admit;
-use crate::core::record::EffectRecord;
+use crate::core::record::{EffectRecord, RunRecord};
+use crate::store::codec::decode;
 use crate::store::keys::Table;
 
 /// One partition's effects, rebuilt record by record from its changelog.
 #[derive(Default)]
 pub struct ChangelogEffects {
     effects: BTreeMap<String, EffectRecord>,
+    /// Each run's lease fence and dispatch count on this partition.
+    runs: BTreeMap<String, RunRecord>,
     batches: WholeBatches,
     /// Rows that did not decode (named by `airlock replay`'s checks of the journal; here
     /// counted and skipped).
@@ -94,10 +97,13 @@ impl ChangelogEffects {
         // As a restore reads it: a batch's last row carries the end header, or (rows written
         // before the header existed) the input offsets.
         let ends_batch = batch_end || !record.input_offsets.is_empty();
-        // Only effect rows are held until their batch ends (a batch's end row is mostly a meta
-        // row, and compaction removes most of them, so rows wait long); another table's row
-        // matters only as the end of its batch.
-        let record = if partition::store_table(record.table) == Table::Effect {
+        // Only effect and run rows are held until their batch ends (a batch's end row is mostly
+        // a meta row, and compaction removes most of them, so rows wait long); another table's
+        // row matters only as the end of its batch.
+        let record = if matches!(
+            partition::store_table(record.table),
+            Table::Effect | Table::Run
+        ) {
             record
         } else if ends_batch {
             ChangelogRecord {
@@ -115,31 +121,45 @@ impl ChangelogEffects {
     }
 
     fn apply(&mut self, record: ChangelogRecord) {
-        if partition::store_table(record.table) != Table::Effect {
+        let table = partition::store_table(record.table);
+        if !matches!(table, Table::Effect | Table::Run) {
             return;
         }
         let Ok(key) = String::from_utf8(record.key) else {
             self.undecodable += 1;
             return;
         };
-        match record.value {
-            None => {
+
+        match (table, record.value) {
+            (Table::Effect, None) => {
                 self.effects.remove(&key);
             }
-            Some(bytes) => {
-                match crate::store::codec::decode::<EffectRecord>(Table::Effect, &key, &bytes) {
-                    Ok(effect) => {
-                        self.effects.insert(key, effect);
-                    }
-                    Err(_) => self.undecodable += 1,
-                }
+            (_, None) => {
+                self.runs.remove(&key);
             }
+            (Table::Effect, Some(bytes)) => match decode::<EffectRecord>(table, &key, &bytes) {
+                Ok(effect) => {
+                    self.effects.insert(key, effect);
+                }
+                Err(_) => self.undecodable += 1,
+            },
+            (_, Some(bytes)) => match decode::<RunRecord>(table, &key, &bytes) {
+                Ok(run) => {
+                    self.runs.insert(key, run);
+                }
+                Err(_) => self.undecodable += 1,
+            },
         }
     }
 
     /// The effects of every whole batch read, by operation key.
     pub fn into_effects(self) -> BTreeMap<String, EffectRecord> {
         self.effects
+    }
+
+    /// The effects (by operation key) and the runs (by run id) of every whole batch read.
+    pub fn into_state(self) -> (BTreeMap<String, EffectRecord>, BTreeMap<String, RunRecord>) {
+        (self.effects, self.runs)
     }
 }
 
@@ -233,6 +253,45 @@ mod tests {
         );
         e.take(4, Admit::Accept, Some(meta_end()), true);
         assert_eq!(states(e), [("k1".to_owned(), "COMMITTED")]);
+    }
+
+    fn run_row(run: &str, fence: i64) -> ChangelogRecord {
+        let rec = RunRecord {
+            highest_fence: fence,
+            dispatches: 2,
+            updated_at: 1,
+            expires_at: 9,
+        };
+        row(
+            StateTable::Run,
+            run,
+            Some(crate::store::codec::frame(
+                &serde_json::to_string(&rec).unwrap(),
+                None,
+            )),
+        )
+    }
+
+    #[test]
+    fn run_rows_count_by_whole_batches_too() {
+        let mut e = ChangelogEffects::default();
+        e.take(0, Admit::Accept, Some(run_row("r1", 4)), false);
+        e.take(1, Admit::Accept, Some(meta_end()), true);
+        e.take(2, Admit::Accept, Some(run_row("r1", 5)), false);
+        e.take(3, Admit::Accept, Some(run_row("r2", 1)), false);
+        // The batch above never ended: r1 stays at 4, r2 is not there.
+        let (_, runs) = e.into_state();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs["r1"].highest_fence, 4);
+        let mut e = ChangelogEffects::default();
+        e.take(0, Admit::Accept, Some(run_row("r1", 4)), true);
+        e.take(
+            1,
+            Admit::Accept,
+            Some(row(StateTable::Run, "r1", None)),
+            true,
+        );
+        assert!(e.into_state().1.is_empty(), "a tombstone deletes the run");
     }
 
     #[test]

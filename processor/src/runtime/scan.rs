@@ -6,8 +6,10 @@
 //! - by default, at a barrier record written now ([`Scanner::barrier_ends`]): its
 //!   acknowledged offset is the true end of the partition on any broker (see `compat`).
 //!   Barriers carry owner epoch 0 and every consumer skips them.
-//! - read-only (no write permission): at the high watermark when the scan starts, and then on
-//!   as long as the broker delivers records (an open end), stopping at the first quiet poll.
+//! - read-only (no write permission): at the high watermark when the scan starts. On Kafka
+//!   that is the end (a closed bound; processors writing meanwhile are not followed); on a
+//!   broker whose watermark lags its last batch (`compat`) the scan reads on as long as the
+//!   broker delivers records (an open end), stopping at the first quiet poll.
 
 use std::time::{Duration, Instant};
 

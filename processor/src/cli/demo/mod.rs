@@ -25,7 +25,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -129,7 +129,7 @@ fn demo(args: &Args, work: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     )
     .context("watching for SIGTERM/SIGINT")?;
     let wait = Duration::from_secs(args.wait_seconds);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let now = crate::runtime::clock::wall_ms();
     let run = format!("demo-{now:x}");
 
     writeln!(

@@ -281,6 +281,13 @@ impl Core {
     ) -> Result<()> {
         let mut event = self.event(JournalKind::ControlApplied, step, rec);
         event.operation_key = c.operation_key.clone();
+        // A refused lease fence names its run, so that `airlock audit --run` shows it.
+        if event.run_id.is_none() {
+            event.run_id = c.run_id.clone();
+        }
+        if event.lease_fence.is_none() {
+            event.lease_fence = c.lease_fence;
+        }
         event.principal_id = Some(c.operator_id.clone());
         event.verdict = Some(Verdict::Rejected);
         event.reason = Some(reason);
