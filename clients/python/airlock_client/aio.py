@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from typing import Any, Dict
 
 from .client import Client, Decision, Settlement
 
@@ -22,6 +22,9 @@ class AsyncClient:
 
     async def wait_settled(self, operation_key: str, **kwargs: Any) -> Settlement:
         return await self._run(self.sync.wait_settled, operation_key, **kwargs)
+
+    async def fence_run(self, run_id: str, fence: int, operator: str, **kwargs: Any) -> Dict[int, Decision]:
+        return await self._run(self.sync.fence_run, run_id, fence, operator, **kwargs)
 
     def latest_reply(self, answer: Decision) -> Decision:
         """:meth:`Client.latest_reply` (no wait: it reads what the reader has read)."""

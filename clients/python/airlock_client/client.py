@@ -431,6 +431,7 @@ class Client:
         self.proposals = f"{topic_prefix}proposals"
         self.decisions = f"{topic_prefix}decisions"
         self.outcomes = f"{topic_prefix}outcomes"
+        self.control = f"{topic_prefix}control"
         schema_ids: Dict[int, Tuple[str, int]] = {}
         if schema_registry_url:
             if schema_id is not None:
@@ -614,6 +615,63 @@ class Client:
         if decision.verdict not in NOT_REFUSED:
             raise Refused(decision)
         return decision
+
+    def fence_run(
+        self, run_id: str, fence: int, operator: str, *, timeout: float = 60.0
+    ) -> Dict[int, Decision]:
+        """Raises ``run_id``'s lease fence to ``fence`` on every partition, as ``airlock runs
+        fence`` does, and returns each partition's answer once every partition has recorded it.
+
+        A proposal raises its run's fence only on its own partition; a new owner of a run calls
+        this before the run's first new proposal, so that every partition refuses the old
+        owner's proposals (STALE_FENCE) wherever their keys land. ``operator``: the principal
+        raising it (journaled). Always published, also when the same fence was raised before
+        (a newer owner may have raised it since). Raises :class:`Refused` with a partition's
+        refusal (STALE_FENCE: a newer owner fenced the run higher) after every partition
+        answered, :class:`TimedOut` when one does not answer in time, and
+        :class:`BrokerUnavailable`. The record leaves unsigned: a processor that requires
+        ``operator``'s signature refuses it (use ``airlock runs fence --signing-key``)."""
+        deadline = time.monotonic() + timeout
+        control_id = content_id("fence", [run_id, str(fence), operator])
+        payload = codec.encode(
+            "Control",
+            {
+                "control_id": control_id,
+                "kind": "LEASE_FENCE",
+                "operation_key": None,
+                "run_id": run_id,
+                "lease_fence": fence,
+                "operator_id": operator,
+                "evidence": None,
+                "issued_at": int(time.time() * 1000),
+            },
+        )
+        pending: Dict[int, Tuple[Future, _Waiter]] = {}
+        try:
+            for partition in range(self.partitions):
+                self._reader.follow(self.decisions, partition, _left(deadline))
+
+                def wants(d: Decision, partition: int = partition) -> bool:
+                    return d.in_reply_to == control_id and d.partition == partition
+
+                waiter = _Waiter(self.decisions, partition, wants)
+                # Only an answer read from now on: an earlier one to the same fence proves
+                # nothing.
+                pending[partition] = (self._reader.wait(waiter, lambda: None), waiter)
+                self._produce(self.control, partition, run_id, payload, deadline)
+            answers = {
+                partition: self._await(
+                    future, waiter, deadline, f"partition {partition}'s answer to {control_id}"
+                )
+                for partition, (future, waiter) in pending.items()
+            }
+        finally:
+            for _, waiter in pending.values():
+                self._reader.forget(waiter)
+        for decision in answers.values():
+            if decision.reason != "FENCE_ADVANCED":
+                raise Refused(decision)
+        return answers
 
     def latest_reply(self, answer: Decision) -> Decision:
         """The latest decision about ``answer``'s operation key after it (an approval's

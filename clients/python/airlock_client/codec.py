@@ -32,7 +32,7 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
 
 #: The records this package reads or writes.
-RECORDS = ("ToolProposal", "Decision", "Outcome")
+RECORDS = ("ToolProposal", "Decision", "Outcome", "Control")
 
 
 class CodecError(ValueError):

@@ -225,6 +225,7 @@ export class Client {
   readonly proposals: string;
   readonly decisions: string;
   readonly outcomes: string;
+  readonly control: string;
   readonly schemaId: number | null;
   #partitions: number;
   readonly #producer: Producer;
@@ -242,6 +243,7 @@ export class Client {
     this.proposals = `${prefix}proposals`;
     this.decisions = `${prefix}decisions`;
     this.outcomes = `${prefix}outcomes`;
+    this.control = `${prefix}control`;
     this.schemaId = options.schemaId ?? null;
     if (this.schemaId !== null && !codec.isSchemaId(this.schemaId)) {
       throw new RangeError(`schemaId is not a Confluent schema id (an unsigned 32-bit integer): ${this.schemaId}`);
@@ -469,6 +471,67 @@ export class Client {
       throw new Refused(decision);
     }
     return decision;
+  }
+
+  /**
+   * Raises `runId`'s lease fence to `fence` on every partition, as `airlock runs fence` does,
+   * and returns each partition's answer once every partition has recorded it.
+   *
+   * A proposal raises its run's fence only on its own partition; a new owner of a run calls
+   * this before the run's first new proposal, so that every partition refuses the old owner's
+   * proposals (STALE_FENCE) wherever their keys land. `operator`: the principal raising it
+   * (journaled). Always published, also when the same fence was raised before (a newer owner
+   * may have raised it since). Rejects with {@link Refused} carrying a partition's refusal
+   * (STALE_FENCE: a newer owner fenced the run higher) after every partition answered,
+   * {@link TimedOut} when one does not answer in time, {@link BrokerUnavailable}. The record
+   * leaves unsigned: a processor that requires `operator`'s signature refuses it (use `airlock
+   * runs fence --signing-key`).
+   */
+  async fenceRun(runId: string, fence: number, operator: string, options: ProposeOptions = {}): Promise<Map<number, Decision>> {
+    if (!Number.isSafeInteger(fence) || fence < 0) {
+      throw new RangeError(`fence must be a non-negative integer: ${fence}`);
+    }
+    const deadline = deadlineAfter(options.timeoutMs ?? 60_000);
+    const controlId = contentId("fence", [runId, String(fence), operator]);
+    const payload = codec.encode("Control", {
+      control_id: controlId,
+      kind: "LEASE_FENCE",
+      operation_key: null,
+      run_id: runId,
+      lease_fence: fence,
+      operator_id: operator,
+      evidence: null,
+      issued_at: Date.now(),
+    });
+    this.#checkOpen();
+    const pending: [number, Promise<Decision>, Waiter][] = [];
+    try {
+      for (let partition = 0; partition < this.#partitions; partition++) {
+        await this.#reader.follow(this.decisions, partition, left(deadline));
+        const waiter = new Waiter(
+          this.decisions,
+          partition,
+          (d: Decision) => d.inReplyTo === controlId && d.partition === partition,
+        );
+        // Only an answer read from now on: an earlier one to the same fence proves nothing.
+        pending.push([partition, this.#reader.wait(waiter, () => null), waiter]);
+        await this.#produce(this.control, partition, runId, payload, deadline);
+      }
+      const answers = new Map<number, Decision>();
+      for (const [partition, answer, waiter] of pending) {
+        answers.set(partition, await this.#await(answer, waiter, deadline, `partition ${partition}'s answer to ${controlId}`));
+      }
+      for (const decision of answers.values()) {
+        if (decision.reason !== "FENCE_ADVANCED") {
+          throw new Refused(decision);
+        }
+      }
+      return answers;
+    } finally {
+      for (const [, , waiter] of pending) {
+        this.#reader.forget(waiter);
+      }
+    }
   }
 
   /**

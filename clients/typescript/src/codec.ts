@@ -30,7 +30,7 @@ export const SINGLE_OBJECT_MAGIC = Buffer.from([0xc3, 0x01]);
 export const CONFLUENT_MAGIC = Buffer.from([0x00]);
 
 /** The records this package reads or writes. */
-export const RECORDS = ["ToolProposal", "Decision", "Outcome"] as const;
+export const RECORDS = ["ToolProposal", "Decision", "Outcome", "Control"] as const;
 export type RecordName = (typeof RECORDS)[number];
 
 /** The package's copy of the schemas: `<package>/schemas/<Record>/v<N>.avsc`. */

@@ -8,8 +8,11 @@ ledger), started by the Rust test ``tests/tests/python_client.rs``, which passes
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +142,97 @@ def test_asyncio_and_two_clients_publishing_the_same_call():
     settled = asyncio.run(main())
     assert settled.decision.verdict == "COMMITTED"
     committed(key)
+
+
+def test_the_readme_example_runs_as_printed():
+    example = Path(__file__).with_name("readme_example.py")
+    out = subprocess.run(
+        [sys.executable, str(example)],
+        env={**os.environ, "AIRLOCK_BROKERS": BROKERS, "AIRLOCK_PREFIX": PREFIX},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "ACCEPTED AUTO_APPROVED", out.stdout
+    assert lines[1].startswith("COMMITTED True HTTP 2"), out.stdout
+    assert '"reference":"refund:txn_1"' in lines[1], out.stdout
+    committed("refund:txn_1")
+
+
+# One process of a fleet: proposes every call of argv[3:] (operation keys), prints each
+# verdict. Run several at once on the same keys.
+FLEET_MEMBER = """
+import sys
+from airlock_client import Client
+brokers, prefix, run, *keys = sys.argv[1:]
+with Client(brokers, topic_prefix=prefix) as airlock:
+    for key in keys:
+        d = airlock.propose(
+            tool="refund", operation_key=key,
+            arguments={"tenant_id": "acme", "account_id": "acct-42",
+                       "amount": {"minor_units": 321, "currency": "EUR"}},
+            tenant="acme", principal="agent-support-1", run_id=run, logical_call_id=key,
+        )
+        print(key, d.verdict, d.epoch, flush=True)
+"""
+
+
+def test_processes_of_a_fleet_sending_the_same_intents_at_once():
+    keys = [f"refund:py-{RUN}-fleet-{i}" for i in range(6)]
+    members = [
+        subprocess.Popen(
+            # Each process walks the keys in its own order, so they overlap in time.
+            [sys.executable, "-c", FLEET_MEMBER, BROKERS, PREFIX, f"run-{RUN}-fleet"]
+            + keys[i:] + keys[:i],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    answered = {}
+    for member in members:
+        out, err = member.communicate(timeout=180)
+        assert member.returncode == 0, err
+        for line in out.splitlines():
+            key, verdict, epoch = line.split()
+            answered.setdefault(key, []).append((verdict, epoch))
+    # Every proposal of every process answered, all about the same first attempt.
+    assert sorted(answered) == sorted(keys)
+    for key, answers in answered.items():
+        assert len(answers) == 3, (key, answers)
+        # An answer that names an attempt names the first one (a DUPLICATE of a proposal
+        # still being decided may name none).
+        assert {epoch for _, epoch in answers if epoch != "None"} == {"1"}, (key, answers)
+        assert {verdict for verdict, _ in answers} <= {"ACCEPTED", "DUPLICATE", "IN_PROGRESS"}
+    with Client(BROKERS, topic_prefix=PREFIX) as client:
+        for key in keys:
+            assert client.wait_settled(key, timeout=120).decision.verdict == "COMMITTED"
+    # The Rust test checks the ledger holds exactly one effect for each.
+    committed(*keys)
+
+
+def test_a_fenced_run_refuses_its_stale_owner_on_every_partition(client):
+    run = f"run-{RUN}-fenced"
+    answers = client.fence_run(run, 5, "orchestrator-1", timeout=120)
+    assert sorted(answers) == list(range(client.partitions))
+    assert all(d.reason == "FENCE_ADVANCED" for d in answers.values()), answers
+    # The old owner, at fence 4, on a key of every partition: refused everywhere.
+    keys = {}
+    i = 0
+    while len(keys) < client.partitions:
+        key = f"refund:py-{RUN}-stale-{i}"
+        keys.setdefault(client.partition(key), key)
+        i += 1
+    for key in keys.values():
+        with pytest.raises(Refused) as refused:
+            client.propose(**refund(key, 100, run_id=run, lease_fence=4))
+        assert refused.value.decision.reason == "STALE_FENCE", refused.value.decision
+    # Its own lower fence is refused too, naming the accepted one.
+    with pytest.raises(Refused) as refused:
+        client.fence_run(run, 4, "orchestrator-0", timeout=120)
+    assert refused.value.decision.reason == "STALE_FENCE"
+    assert "accepted fence 5" in refused.value.decision.detail

@@ -167,6 +167,31 @@ describe("a live Airlock", () => {
     }
   });
 
+  test("a fenced run refuses its stale owner on every partition", live, async () => {
+    const run = `run-${RUN}-fenced`;
+    const answers = await client.fenceRun(run, 5, "orchestrator-1", { timeoutMs: 120_000 });
+    assert.deepEqual([...answers.keys()].sort(), [...Array(client.partitions).keys()]);
+    for (const d of answers.values()) {
+      assert.equal(d.reason, "FENCE_ADVANCED", JSON.stringify(d));
+    }
+    // The old owner, at fence 4, on a key of every partition: refused everywhere.
+    const keys = new Map<number, string>();
+    for (let i = 0; keys.size < client.partitions; i++) {
+      const key = `refund:ts-${RUN}-stale-${i}`;
+      if (!keys.has(client.partition(key))) {
+        keys.set(client.partition(key), key);
+      }
+    }
+    for (const key of keys.values()) {
+      const refused = await refusal(client.propose(refund(key, 100, { runId: run, leaseFence: 4 })));
+      assert.equal(refused.decision.reason, "STALE_FENCE", JSON.stringify(refused.decision));
+    }
+    // Its own lower fence is refused too, naming the accepted one.
+    const stale = await refusal(client.fenceRun(run, 4, "orchestrator-0", { timeoutMs: 120_000 }));
+    assert.equal(stale.decision.reason, "STALE_FENCE");
+    assert.match(stale.decision.detail, /accepted fence 5/);
+  });
+
   test("the README's example runs as printed", live, async () => {
     const example = fileURLToPath(new URL("./readme-example.js", import.meta.url));
     const stdout = await new Promise<string>((resolve, reject) => {
