@@ -183,54 +183,7 @@ describe("the MCP gateway against a live Airlock", () => {
     });
   });
 
-  describe("over streamable HTTP, in process", () => {
-    let client: Client;
-
-    before(async () => {
-      if (BROKERS && REGISTRY) {
-        client = await Client.connect(BROKERS, { topicPrefix: PREFIX });
-      }
-    });
-
-    after(async () => {
-      await client?.close();
-    });
-
-    const ledger = process.env["AIRLOCK_TEST_LEDGER"];
-    const slowLedger = { skip: live.skip || (!ledger && "AIRLOCK_TEST_LEDGER is not set") };
-
-    test("an idle session is closed; one with a call open is not", slowLedger, async () => {
-      const idleMs = 500;
-      const tools = new AirlockTools(client, REGISTRY!, { tenant: "acme", principal: "agent-support-1", waitSeconds: 90 });
-      const gateway = await serveHttp(tools, { idleSessionMs: idleMs });
-      try {
-        // The ledger answers this refund after 2.5 s: its call outlasts the idle time.
-        const key = `mcp-${RUN}-idle`;
-        const armed = await fetch(`${ledger}/v1/faults`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ fault: "delay=2500", match: { reference: `refund:${key}` }, times: 1 }),
-          signal: AbortSignal.timeout(10_000),
-        });
-        assert.equal(armed.status, 201, await armed.text());
-        const mcp = mcpClient();
-        await mcp.connect(new StreamableHTTPClientTransport(new URL(gateway.url)));
-        // A call that outlasts the idle time many times over still gets its answer.
-        const started = Date.now();
-        const done = await call(mcp, "refund", refund(930, key));
-        assert.equal(done.structured["status"], "committed", JSON.stringify(done));
-        committed(`refund:${key}`);
-        assert.ok(Date.now() - started > 2 * idleMs, "the call took longer than twice the idle time");
-        await new Promise((resolve) => setTimeout(resolve, 4 * idleMs));
-        await assert.rejects(mcp.listTools(), /session not found|404/i);
-        await mcp.close();
-      } finally {
-        await gateway.close();
-      }
-    });
-  });
-
-  describe("a lost response", () => {
+  describe("in process, with the reference ledger's faults", () => {
     let client: Client;
 
     before(async () => {
@@ -246,7 +199,42 @@ describe("the MCP gateway against a live Airlock", () => {
     const ledger = process.env["AIRLOCK_TEST_LEDGER"];
     const withLedger = { skip: live.skip || (!ledger && "AIRLOCK_TEST_LEDGER is not set") };
 
-    test("gives outcome unknown, then the original result, and one effect", withLedger, async () => {
+    /** Arms `fault` at the ledger for the next request of business reference `reference`. */
+    async function arm(fault: string, reference: string): Promise<void> {
+      const armed = await fetch(`${ledger}/v1/faults`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ fault, match: { reference }, times: 1 }),
+        signal: AbortSignal.timeout(10_000),
+      });
+      assert.equal(armed.status, 201, await armed.text());
+    }
+
+    test("over streamable HTTP, an idle session is closed; one with a call open is not", withLedger, async () => {
+      const idleMs = 500;
+      const tools = new AirlockTools(client, REGISTRY!, { tenant: "acme", principal: "agent-support-1", waitSeconds: 90 });
+      const gateway = await serveHttp(tools, { idleSessionMs: idleMs });
+      try {
+        // The ledger answers this refund after 2.5 s: its call outlasts the idle time.
+        const key = `mcp-${RUN}-idle`;
+        await arm("delay=2500", `refund:${key}`);
+        const mcp = mcpClient();
+        await mcp.connect(new StreamableHTTPClientTransport(new URL(gateway.url)));
+        // A call that outlasts the idle time many times over still gets its answer.
+        const started = Date.now();
+        const done = await call(mcp, "refund", refund(930, key));
+        assert.equal(done.structured["status"], "committed", JSON.stringify(done));
+        committed(`refund:${key}`);
+        assert.ok(Date.now() - started > 2 * idleMs, "the call took longer than twice the idle time");
+        await new Promise((resolve) => setTimeout(resolve, 4 * idleMs));
+        await assert.rejects(mcp.listTools(), /session not found|404/i);
+        await mcp.close();
+      } finally {
+        await gateway.close();
+      }
+    });
+
+    test("a lost response gives outcome unknown, then the original result, and one effect", withLedger, async () => {
       const tools = new AirlockTools(client, REGISTRY!, { tenant: "acme", principal: "agent-support-1", waitSeconds: 90 });
       const [near, far] = InMemoryTransport.createLinkedPair();
       await buildServer(tools).connect(far);
@@ -255,13 +243,7 @@ describe("the MCP gateway against a live Airlock", () => {
       try {
         // The ledger commits this refund and drops the connection before answering.
         const key = `mcp-${RUN}-lost`;
-        const armed = await fetch(`${ledger}/v1/faults`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ fault: "drop-response", match: { reference: `refund:${key}` }, times: 1 }),
-          signal: AbortSignal.timeout(10_000),
-        });
-        assert.equal(armed.status, 201, await armed.text());
+        await arm("drop-response", `refund:${key}`);
         const lost = await call(mcp, "refund", refund(940, key));
         assert.ok(!lost.isError && lost.structured["status"] === "unknown", JSON.stringify(lost));
         assert.ok(lost.text.startsWith(`outcome unknown: refund:${key} may or may not have taken effect.`), lost.text);
