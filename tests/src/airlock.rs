@@ -39,6 +39,9 @@ pub struct Airlock {
     pub config: Config,
     pub names: Names,
     state_root: tempfile::TempDir,
+    /// [`Airlock::reader_codec`]'s last answer, and the registry it came from: the ids are
+    /// resolved once per registry, not on every read a test polls.
+    reader_codec: std::sync::Mutex<Option<(String, Codec)>>,
 }
 
 impl std::fmt::Debug for Airlock {
@@ -181,6 +184,7 @@ impl Airlock {
             config,
             names,
             state_root,
+            reader_codec: std::sync::Mutex::new(None),
         })
     }
 
@@ -663,17 +667,30 @@ impl Airlock {
     }
 
     /// A codec reading what this instance's processors write: with the registry's ids when
-    /// `schema_registry.url` is set. The registry client blocks, and async tests call this: it
-    /// runs on a thread of its own.
+    /// `schema_registry.url` is set, resolved once per registry URL (a test may set one after
+    /// [`Airlock::start`], before it creates the topics that register the schemas). The
+    /// registry client blocks, and async tests call this: it runs on a thread of its own.
     pub fn reader_codec(&self) -> anyhow::Result<Codec> {
-        if self.config.schema_registry.url.is_empty() {
+        let url = &self.config.schema_registry.url;
+        if url.is_empty() {
             return Ok(Codec::new());
         }
-        std::thread::scope(|s| {
+        let mut cached = self
+            .reader_codec
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the reader codec's lock is poisoned"))?;
+        if let Some((from, codec)) = cached.as_ref()
+            && from == url
+        {
+            return Ok(codec.clone());
+        }
+        let codec = std::thread::scope(|s| {
             s.spawn(|| airlock_processor::runtime::schema_registry::reader_codec(&self.config))
                 .join()
                 .map_err(|_| anyhow::anyhow!("resolving the schema ids panicked"))?
-        })
+        })?;
+        *cached = Some((url.clone(), codec.clone()));
+        Ok(codec)
     }
 
     /// The accepted (not fenced, not marker) records of `topic` whose `airlock-kind` is `kind`,

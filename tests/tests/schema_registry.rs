@@ -16,7 +16,7 @@ use airlock_processor::runtime::schema_registry::{self, Client};
 use airlock_processor::runtime::wire::{Admit, header};
 use airlock_processor::sample;
 use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
-use airlock_tests::airlock::{Airlock, Options};
+use airlock_tests::airlock::{Airlock, InProcess, Options};
 use airlock_tests::eventually;
 use airlock_tests::registry::Registry;
 use airlock_tests::typescript;
@@ -357,16 +357,7 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
 -> anyhow::Result<()> {
     let python = python()?;
     let registry = Registry::start().await?;
-    let mut a = Airlock::start_with("registry-py", 2, Options::default()).await?;
-    a.config.schema_registry.url = registry.url.clone();
-    // The processor answers in the Confluent framing too: the client must read it.
-    a.config.schema_registry.framing = OutputFraming::Confluent;
-    let (ok, out, err) = a.cli(&["topics", "create"])?;
-    assert!(ok, "topics create failed: {err}\n{out}");
-    let url = registry.url.clone();
-    let subject = format!("{}-value", a.names.proposals());
-    let (proposal_id, _) = blocking(move || Client::new(&url)?.version(&subject, 1)).await?;
-    let processor = a.spawn("p1")?;
+    let (a, processor, proposal_id) = framed_airlock("registry-py", &registry).await?;
 
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut pytest = tokio::process::Command::new(&python);
@@ -388,9 +379,43 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
     );
     eprintln!("{}", stdout.lines().last().unwrap_or_default());
 
-    // What it published is in the Confluent wire format with the registry's id.
+    assert_answered_in_confluent_framing(&a, proposal_id, 1).await?;
+    processor.stop()?;
+    Ok(())
+}
+
+/// What the clients' registry tests run against: an Airlock of its own with `registry`, its
+/// topics created (which registers the schemas), answering in the Confluent framing, with one
+/// processor running; and the registry's id of the ToolProposal schema, which the clients
+/// must find and publish with.
+async fn framed_airlock(
+    test: &str,
+    registry: &Registry,
+) -> anyhow::Result<(Airlock, InProcess, u32)> {
+    let mut a = Airlock::start_with(test, 2, Options::default()).await?;
+    a.config.schema_registry.url = registry.url.clone();
+    a.config.schema_registry.framing = OutputFraming::Confluent;
+    let (ok, out, err) = a.cli(&["topics", "create"])?;
+    anyhow::ensure!(ok, "topics create failed: {err}\n{out}");
+    let url = registry.url.clone();
+    let subject = format!("{}-value", a.names.proposals());
+    let (proposal_id, _) = blocking(move || Client::new(&url)?.version(&subject, 1)).await?;
+    let processor = a.spawn("p1")?;
+    Ok((a, processor, proposal_id))
+}
+
+/// At least `at_least` proposals were published, each in the Confluent wire format with the
+/// registry's id `proposal_id`, and each answered, in the Confluent framing.
+async fn assert_answered_in_confluent_framing(
+    a: &Airlock,
+    proposal_id: u32,
+    at_least: usize,
+) -> anyhow::Result<()> {
     let published = a.read_topic(&a.names.proposals())?;
-    assert!(!published.is_empty());
+    assert!(published.len() >= at_least, "{published:?}");
+    let codec =
+        Codec::new().with_schema_ids(SchemaIds::new().with(proposal_id, RecordKind::ToolProposal)?);
+    let replies = a.proposal_replies()?;
     for r in &published {
         let value = r.value.as_deref().unwrap_or_default();
         assert_eq!(value.first(), Some(&0u8), "{r:?}");
@@ -399,10 +424,13 @@ async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
             Some(&proposal_id.to_be_bytes()[..]),
             "{r:?}"
         );
+        let proposal: ToolProposal = codec.decode_confluent(value)?;
+        assert!(
+            replies.contains_key(&proposal.proposal_id),
+            "{proposal:?} unanswered"
+        );
     }
-    assert_decisions_framed(&a).await?;
-    processor.stop()?;
-    Ok(())
+    assert_decisions_framed(a).await
 }
 
 /// Every decision `a`'s processor wrote is in the Confluent framing with the registry's id of
@@ -438,16 +466,7 @@ async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let package = blocking(move || typescript::package(&root)).await?;
     let registry = Registry::start().await?;
-    let mut a = Airlock::start_with("registry-ts", 2, Options::default()).await?;
-    a.config.schema_registry.url = registry.url.clone();
-    // The processor answers in the Confluent framing too: the client must read it.
-    a.config.schema_registry.framing = OutputFraming::Confluent;
-    let (ok, out, err) = a.cli(&["topics", "create"])?;
-    assert!(ok, "topics create failed: {err}\n{out}");
-    let url = registry.url.clone();
-    let subject = format!("{}-value", a.names.proposals());
-    let (proposal_id, _) = blocking(move || Client::new(&url)?.version(&subject, 1)).await?;
-    let processor = a.spawn("p1")?;
+    let (a, processor, proposal_id) = framed_airlock("registry-ts", &registry).await?;
 
     let mut node = typescript::node_test(&package);
     node.arg("dist/test/integration/registry.test.js")
@@ -463,28 +482,7 @@ async fn the_typescript_client_publishes_in_confluent_framing_with_the_registry_
         &registry.log(),
     );
 
-    // What it published is in the Confluent wire format with the registry's id, and the
-    // processor answered each proposal.
-    let published = a.read_topic(&a.names.proposals())?;
-    assert!(published.len() >= 3, "{published:?}");
-    let codec =
-        Codec::new().with_schema_ids(SchemaIds::new().with(proposal_id, RecordKind::ToolProposal)?);
-    let replies = a.proposal_replies()?;
-    for r in &published {
-        let value = r.value.as_deref().unwrap_or_default();
-        assert_eq!(value.first(), Some(&0u8), "{r:?}");
-        assert_eq!(
-            value.get(1..5),
-            Some(&proposal_id.to_be_bytes()[..]),
-            "{r:?}"
-        );
-        let proposal: ToolProposal = codec.decode_confluent(value)?;
-        assert!(
-            replies.contains_key(&proposal.proposal_id),
-            "{proposal:?} unanswered"
-        );
-    }
-    assert_decisions_framed(&a).await?;
+    assert_answered_in_confluent_framing(&a, proposal_id, 3).await?;
     processor.stop()?;
     Ok(())
 }

@@ -52,17 +52,18 @@ pub struct Args {
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = args.common.load()?;
+    let asker = ask::Asker::new(&config)?;
     // The round of approvals this one is for: after a failed attempt the intent asks again,
     // and the approver's new approval must not look like a repeat of the first.
     let round = ask::latest_pending_approval(
-        &config,
+        &asker,
         "approve",
         &args.operation_key,
         args.common.timeout(),
     )?;
     let approval = approval(args, round.as_deref(), crate::runtime::clock::wall_ms())?;
     let names = Names::new(&config.topics.prefix);
-    let payload = ask::encode(&config, &approval)?;
+    let payload = asker.encode(&approval)?;
     let request = Request {
         headers: ask::person_signature(
             args.signing_key.as_deref(),
@@ -78,7 +79,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         done: |d| matches!(d.verdict, Verdict::Recorded | Verdict::Duplicate),
     };
     let answer =
-        ask::publish_and_await(&config, "approve", &request, args.common.timeout(), || {
+        ask::publish_and_await(&asker, "approve", &request, args.common.timeout(), || {
             writeln!(
                 out,
                 "published {} of {} by {} as {}; waiting for the processor",

@@ -18,7 +18,7 @@ use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
-use crate::runtime::config::{Config, OutputFraming};
+use crate::runtime::config::Config;
 use crate::runtime::partitioner::partition_for;
 use crate::runtime::produce::Producer;
 use crate::runtime::schema_registry;
@@ -94,19 +94,38 @@ pub struct Request<'a> {
     pub done: fn(&Decision) -> bool,
 }
 
-/// `value` as the CLI publishes it: single-object encoded, or in the Confluent wire format with
-/// the registry's id when `schema_registry.framing` is `confluent`.
-///
-/// # Errors
-///
-/// The registry unreachable or lacking the schema ([`schema_registry::reader_codec`]), or the
-/// record over the payload limit.
-pub fn encode<T: Record>(config: &Config, value: &T) -> anyhow::Result<Vec<u8>> {
-    let codec = match config.schema_registry.framing {
-        OutputFraming::SingleObject => Codec::new(),
-        OutputFraming::Confluent => schema_registry::reader_codec(config)?,
-    };
-    Ok(codec.encode(config.schema_registry.framing.framing(), value)?)
+/// One command's exchange with the processor: its configuration and the codec of the answers,
+/// resolved once (with a schema registry, resolving ids takes a request per subject), however
+/// many records the command publishes and partitions it reads.
+#[derive(Debug)]
+pub struct Asker<'c> {
+    config: &'c Config,
+    codec: Codec,
+}
+
+impl<'c> Asker<'c> {
+    /// # Errors
+    ///
+    /// The registry named by `schema_registry.url` unreachable or lacking a schema
+    /// ([`schema_registry::reader_codec`]).
+    pub fn new(config: &'c Config) -> anyhow::Result<Asker<'c>> {
+        Ok(Asker {
+            config,
+            codec: schema_registry::reader_codec(config)?,
+        })
+    }
+
+    /// `value` as the CLI publishes it: single-object encoded, or in the Confluent wire format
+    /// with the registry's id when `schema_registry.framing` is `confluent`.
+    ///
+    /// # Errors
+    ///
+    /// The record over the payload limit.
+    pub fn encode<T: Record>(&self, value: &T) -> anyhow::Result<Vec<u8>> {
+        Ok(self
+            .codec
+            .encode(self.config.schema_registry.framing.framing(), value)?)
+    }
 }
 
 /// The header that signs `person`'s record `payload` with the key in `key_file`
@@ -145,7 +164,7 @@ pub struct Answer {
 /// at or after the end is the answer. When the latest reply before the end is
 /// [`Request::done`], that is the answer and nothing is published.
 pub fn publish_and_await(
-    config: &Config,
+    asker: &Asker<'_>,
     role: &str,
     request: &Request<'_>,
     timeout: Duration,
@@ -153,9 +172,12 @@ pub fn publish_and_await(
 ) -> anyhow::Result<Answer> {
     let deadline = Instant::now() + timeout;
     let partition = request.partition.unwrap_or_else(|| {
-        partition_for(request.operation_key.as_bytes(), config.topics.partitions)
+        partition_for(
+            request.operation_key.as_bytes(),
+            asker.config.topics.partitions,
+        )
     });
-    let answers = Answers::open(config, role, partition)?;
+    let answers = Answers::open(asker, role, partition)?;
     let wants = |d: &Decision| d.in_reply_to == request.reply_to;
     let mut replies = answers.replies(request.reply_to, &wants);
     let end = answers.end;
@@ -222,7 +244,8 @@ struct Answers {
 
 impl Answers {
     /// The decisions partition `partition`.
-    fn open(config: &Config, role: &str, partition: i32) -> anyhow::Result<Answers> {
+    fn open(asker: &Asker<'_>, role: &str, partition: i32) -> anyhow::Result<Answers> {
+        let config = asker.config;
         let names = Names::new(&config.topics.prefix);
         let decisions = names.decisions();
         let reader: BaseConsumer = config
@@ -253,7 +276,7 @@ impl Answers {
             .processor_verifying_keys()
             .context("loading the processors' verifying keys (capability.verifying_key_files)")?;
         Ok(Answers {
-            codec: schema_registry::reader_codec(config)?,
+            codec: asker.codec.clone(),
             fence: FenceFilter::verifying(keys),
             reader,
             producer,
@@ -286,14 +309,14 @@ impl Answers {
 /// first attempt failed with proof) is a new approval, not a repeat of the first one. `None`
 /// when the key has no such answer.
 pub fn latest_pending_approval(
-    config: &Config,
+    asker: &Asker<'_>,
     role: &str,
     operation_key: &str,
     timeout: Duration,
 ) -> anyhow::Result<Option<String>> {
     let deadline = Instant::now() + timeout;
-    let partition = partition_for(operation_key.as_bytes(), config.topics.partitions);
-    let answers = Answers::open(config, role, partition)?;
+    let partition = partition_for(operation_key.as_bytes(), asker.config.topics.partitions);
+    let answers = Answers::open(asker, role, partition)?;
     // APPROVAL_REQUIRED opens a round; a proposal resent while it is open is answered
     // AWAITING_APPROVAL and opens none.
     let wants = |d: &Decision| {

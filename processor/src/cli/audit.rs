@@ -14,7 +14,7 @@ use std::time::Duration;
 use airlock_schemas::JournalEvent;
 use anyhow::Context;
 
-use super::replay::{Progress, ReadArgs, ends, partitions, reader};
+use super::replay::{Progress, ReadArgs, ends, reader};
 use crate::runtime::config::Config;
 use crate::runtime::logging::utc_from_millis;
 use crate::runtime::partitioner::partition_for;
@@ -67,7 +67,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let count = config.topics.partitions;
     let selected = match &args.key {
         Some(key) => vec![partition_for(key.as_bytes(), count)],
-        None => partitions(&[], count)?,
+        None => (0..count).collect(),
     };
     let consumer = reader(&config, "audit")?;
     let scanner = Scanner {

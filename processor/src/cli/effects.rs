@@ -13,7 +13,7 @@ use std::time::Duration;
 use airlock_schemas::{Codec, EffectState};
 use anyhow::Context;
 
-use super::replay::{Progress, ReadArgs, ends, partitions, reader};
+use super::replay::{PartitionArgs, Progress, ReadArgs, ends, reader};
 use crate::core::record::{EffectRecord, State};
 use crate::runtime::config::Config;
 use crate::runtime::effects::ChangelogEffects;
@@ -53,9 +53,8 @@ pub struct ListArgs {
     /// of the inputs that changed it).
     #[arg(long, value_name = "SECONDS")]
     pub older_than: Option<u64>,
-    /// Only these partitions (repeatable; all by default).
-    #[arg(long = "partition")]
-    pub partitions: Vec<i32>,
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -170,7 +169,7 @@ pub(super) fn read_changelogs(
 
 fn run_list(args: &ListArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
-    let selected = partitions(&args.partitions, config.topics.partitions)?;
+    let selected = args.partitions.select(config.topics.partitions)?;
     let now = crate::runtime::clock::wall_ms();
     let cutoff = args
         .older_than

@@ -59,6 +59,7 @@ pub struct Args {
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = args.common.load()?;
+    let asker = ask::Asker::new(&config)?;
     let proposal = proposal(args, crate::runtime::clock::wall_ms())?;
     let names = Names::new(&config.topics.prefix);
     let request = Request {
@@ -66,14 +67,14 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         topic: names.proposals(),
         operation_key: &proposal.operation_key,
         partition: None,
-        payload: ask::encode(&config, &proposal)?,
+        payload: asker.encode(&proposal)?,
         reply_to: &proposal.proposal_id,
         // Any answer about this proposal (the latest shows where its intent stands: approved,
         // committed), but not a refusal of another proposal that reused its id (`r/...`).
         done: |d| !d.decision_id.starts_with("r/"),
     };
     let answer =
-        ask::publish_and_await(&config, "propose", &request, args.common.timeout(), || {
+        ask::publish_and_await(&asker, "propose", &request, args.common.timeout(), || {
             writeln!(
                 out,
                 "published {} of {} as {}; waiting for the processor",

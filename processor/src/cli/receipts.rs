@@ -48,9 +48,8 @@ pub struct VerifyArgs {
     /// rotation. Default: the public half of receipts.signing_key_file.
     #[arg(long = "public-key")]
     pub public_keys: Vec<PathBuf>,
-    /// Only these partitions (comma separated); default every partition.
-    #[arg(long, value_delimiter = ',')]
-    pub partitions: Vec<i32>,
+    #[command(flatten)]
+    pub partitions: super::replay::PartitionArgs,
     /// Read this topic instead of `<prefix>receipts` (a copy, a mirror).
     #[arg(long)]
     pub topic: Option<String>,
@@ -101,7 +100,7 @@ fn run_verify(args: &VerifyArgs, out: &mut impl Write) -> anyhow::Result<()> {
         None => None,
     };
     let mut progress = Progress::new(args.progress_seconds);
-    let wanted = |p: i32| args.partitions.is_empty() || args.partitions.contains(&p);
+    let wanted = |p: i32| args.partitions.includes(p);
     let mut feed = |record: Exported| -> anyhow::Result<()> {
         if !wanted(record.partition) {
             return Ok(());
@@ -240,7 +239,7 @@ fn read_topic(
         .iter()
         .filter(|t| t.name() == topic && t.error().is_none())
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .filter(|p| args.partitions.is_empty() || args.partitions.contains(p))
+        .filter(|&p| args.partitions.includes(p))
         .collect();
     anyhow::ensure!(
         !partitions.is_empty(),
@@ -353,7 +352,7 @@ mod tests {
         VerifyArgs {
             config: None,
             public_keys: vec![public],
-            partitions: Vec::new(),
+            partitions: Default::default(),
             topic: None,
             file: Some(file),
             export: None,

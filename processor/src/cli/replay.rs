@@ -35,9 +35,8 @@ use crate::runtime::wire::{self, Admit};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Partitions to replay, comma-separated (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub partitions: Vec<i32>,
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
     /// Stop before this journal offset in every partition (default: the end when the replay
     /// starts). The dispatch-topic check is skipped: later dispatches have no intent in range.
     #[arg(long)]
@@ -86,7 +85,7 @@ pub struct ReadArgs {
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
     let names = Names::new(&config.topics.prefix);
-    let partitions = partitions(&args.partitions, config.topics.partitions)?;
+    let partitions = args.partitions.select(config.topics.partitions)?;
     let consumer = reader(&config, "replay")?;
     let scanner = Scanner {
         consumer: &consumer,
@@ -547,7 +546,33 @@ pub(super) fn ends(
 }
 
 /// The partitions asked for, checked against the topic's count.
-pub(super) fn partitions(asked: &[i32], count: i32) -> anyhow::Result<Vec<i32>> {
+/// Which partitions a command reads or writes: every one by default.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct PartitionArgs {
+    /// Only these partitions (repeatable or comma separated; all by default).
+    #[arg(
+        long = "partition",
+        alias = "partitions",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub partitions: Vec<i32>,
+}
+
+impl PartitionArgs {
+    /// The partitions asked for, sorted and without repeats, each checked against the `count`
+    /// the topics have; every partition when none is asked for.
+    pub fn select(&self, count: i32) -> anyhow::Result<Vec<i32>> {
+        partitions(&self.partitions, count)
+    }
+
+    /// Whether `partition` is one of those asked for (every one is when none is).
+    pub fn includes(&self, partition: i32) -> bool {
+        self.partitions.is_empty() || self.partitions.contains(&partition)
+    }
+}
+
+fn partitions(asked: &[i32], count: i32) -> anyhow::Result<Vec<i32>> {
     if asked.is_empty() {
         return Ok((0..count).collect());
     }

@@ -31,7 +31,7 @@ use anyhow::Context;
 
 use super::ask::{self, Request};
 use super::effects::{detail, read_changelogs};
-use super::replay::{ReadArgs, partitions};
+use super::replay::{PartitionArgs, ReadArgs};
 use crate::capability::PersonAct;
 use crate::core::record::{EffectRecord, RunRecord};
 use crate::runtime::config::Config;
@@ -57,9 +57,8 @@ pub enum Sub {
 pub struct ShowArgs {
     /// The agent run.
     pub run_id: String,
-    /// Only these partitions (repeatable; all by default).
-    #[arg(long = "partition")]
-    pub partitions: Vec<i32>,
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
     #[command(flatten)]
     pub read: ReadArgs,
 }
@@ -79,10 +78,9 @@ pub struct FenceArgs {
     /// which the processor refuses for anyone with keys registered.
     #[arg(long, env = "AIRLOCK_SIGNING_KEY")]
     pub signing_key: Option<std::path::PathBuf>,
-    /// Only these partitions (repeatable; all by default: the fence holds only where it was
-    /// recorded).
-    #[arg(long = "partition")]
-    pub partitions: Vec<i32>,
+    // The fence holds only on the partitions where it was recorded: all by default.
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
     #[command(flatten)]
     pub common: ask::Common,
 }
@@ -119,7 +117,7 @@ impl RunView {
 
 fn run_show(args: &ShowArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let config = Config::load(args.read.config.as_deref()).context("loading the configuration")?;
-    let selected = partitions(&args.partitions, config.topics.partitions)?;
+    let selected = args.partitions.select(config.topics.partitions)?;
     let mut view = RunView::default();
     let skipped = read_changelogs(&config, &args.read, &selected, "runs", |p, read| {
         let (effects, mut runs) = read.into_state();
@@ -261,8 +259,9 @@ fn json(run_id: &str, view: &RunView) -> serde_json::Value {
 fn run_fence(args: &FenceArgs, out: &mut impl Write) -> anyhow::Result<()> {
     anyhow::ensure!(args.fence >= 0, "--fence must not be negative");
     let config = args.common.load()?;
+    let asker = ask::Asker::new(&config)?;
     let names = Names::new(&config.topics.prefix);
-    let selected = partitions(&args.partitions, config.topics.partitions)?;
+    let selected = args.partitions.select(config.topics.partitions)?;
     let control_id = control_id(&args.run_id, args.fence, &args.operator);
     let control = Control {
         control_id: control_id.clone(),
@@ -274,7 +273,7 @@ fn run_fence(args: &FenceArgs, out: &mut impl Write) -> anyhow::Result<()> {
         evidence: None,
         issued_at: crate::runtime::clock::wall_ms(),
     };
-    let payload = ask::encode(&config, &control)?;
+    let payload = asker.encode(&control)?;
     let headers = ask::person_signature(
         args.signing_key.as_deref(),
         PersonAct::Control,
@@ -302,7 +301,7 @@ fn run_fence(args: &FenceArgs, out: &mut impl Write) -> anyhow::Result<()> {
             // says whether this one still holds (the same fence again is recorded again).
             done: |_| false,
         };
-        match ask::publish_and_await(&config, "runs", &request, args.common.timeout(), || Ok(())) {
+        match ask::publish_and_await(&asker, "runs", &request, args.common.timeout(), || Ok(())) {
             Ok(answer) => {
                 let d = &answer.decision;
                 writeln!(

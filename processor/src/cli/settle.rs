@@ -43,6 +43,7 @@ pub struct Args {
 
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     let config = args.common.load()?;
+    let asker = ask::Asker::new(&config)?;
     let names = Names::new(&config.topics.prefix);
     let kind = if args.committed {
         ControlKind::SettleCommitted
@@ -60,7 +61,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         evidence: Some(args.evidence.clone()),
         issued_at: crate::runtime::clock::wall_ms(),
     };
-    let payload = ask::encode(&config, &control)?;
+    let payload = asker.encode(&control)?;
     let request = Request {
         headers: ask::person_signature(
             args.signing_key.as_deref(),
@@ -75,16 +76,15 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         reply_to: &control_id,
         done: |d| d.reason == Reason::OperatorSettled,
     };
-    let answer =
-        ask::publish_and_await(&config, "settle", &request, args.common.timeout(), || {
-            writeln!(
-                out,
-                "published {} for {} as {control_id}; waiting for the processor",
-                kind.as_str(),
-                args.operation_key
-            )?;
-            Ok(())
-        })?;
+    let answer = ask::publish_and_await(&asker, "settle", &request, args.common.timeout(), || {
+        writeln!(
+            out,
+            "published {} for {} as {control_id}; waiting for the processor",
+            kind.as_str(),
+            args.operation_key
+        )?;
+        Ok(())
+    })?;
     ask::print_answer(out, &request, &answer)?;
     let answer = answer.decision;
     anyhow::ensure!(
