@@ -591,6 +591,81 @@ fn another_tenant_under_a_key_learns_nothing_and_changes_nothing() -> Vec<Decisi
     w.seen
 }
 
+/// With `processor.key_scope = "tenant"` a tenant's operation keys, run ids and proposal ids
+/// are its own: another tenant can neither take one before it is used (the proposal is
+/// refused and not remembered) nor raise its run's fence, and the same key under two tenants
+/// is two intents with two idempotency keys.
+fn tenant_scoped_ids_belong_to_their_tenant() -> Vec<Decision> {
+    let mut w = World::with(core::Config {
+        key_scope: core::KeyScope::Tenant,
+        ..core::Config::default()
+    });
+    let now = w.now;
+    let acme = ToolProposal {
+        proposal_id: "acme/p-1".into(),
+        run_id: "acme/run-1".into(),
+        ..sample::refund("acme/refund:k-1", 700, now)
+    };
+    let globex = ToolProposal {
+        proposal_id: "globex/p-1".into(),
+        operation_key: "globex/refund:k-1".into(),
+        run_id: "globex/run-9".into(),
+        tenant_id: "globex".into(),
+        principal_id: "agent-globex-1".into(),
+        arguments_json: sample::money_arguments("globex", "acct-7", 700, "EUR"),
+        ..acme.clone()
+    };
+    // globex's agent, before acme uses them: acme's key, acme's proposal id, acme's run (at a
+    // fence meant to lock acme out), a tenant id that could pass for a prefix, a bare prefix.
+    let squats = [
+        ToolProposal {
+            operation_key: acme.operation_key.clone(),
+            ..globex.clone()
+        },
+        ToolProposal {
+            proposal_id: acme.proposal_id.clone(),
+            ..globex.clone()
+        },
+        ToolProposal {
+            run_id: acme.run_id.clone(),
+            lease_fence: 99,
+            ..globex.clone()
+        },
+        ToolProposal {
+            tenant_id: "acme/x".into(),
+            operation_key: "acme/x/refund:k-1".into(),
+            ..globex.clone()
+        },
+        ToolProposal {
+            operation_key: "globex/".into(),
+            ..globex.clone()
+        },
+    ];
+    for squat in &squats {
+        let e = w.propose(squat);
+        assert_verdict(&e, Verdict::Rejected, Reason::TenantMismatch);
+        let d = decision(&e);
+        assert!(d.decision_id.starts_with("r/"), "{d:?}");
+        assert!(d.detail.contains("key_scope"), "{}", d.detail);
+        assert!(e.writes.is_empty() && e.dispatches.is_empty(), "{e:?}");
+    }
+    // acme's own proposal is decided as if nobody had tried.
+    let e = w.propose(&acme);
+    assert_verdict(&e, Verdict::Accepted, Reason::AutoApproved);
+    assert_eq!(decision(&e).decision_id, "p/acme/p-1");
+    let acme_dispatch = e.dispatches[0].clone();
+    // The same key under globex's prefix is globex's own intent.
+    let e = w.propose(&globex);
+    assert_verdict(&e, Verdict::Accepted, Reason::AutoApproved);
+    assert_ne!(
+        e.dispatches[0].idempotency_key,
+        acme_dispatch.idempotency_key
+    );
+    assert_eq!(w.record("acme/refund:k-1").tenant_id, "acme");
+    assert_eq!(w.record("globex/refund:k-1").tenant_id, "globex");
+    w.seen
+}
+
 fn non_idempotent_tool_is_never_retried() -> Vec<Decision> {
     let mut w = World::new();
     let p = ToolProposal {
@@ -1144,6 +1219,7 @@ mod run {
         no_proof_of_failure_while_the_attempt_may_run,
         a_reused_proposal_id_gets_no_one_elses_reply,
         another_tenant_under_a_key_learns_nothing_and_changes_nothing,
+        tenant_scoped_ids_belong_to_their_tenant,
         non_idempotent_tool_is_never_retried,
         validation_refusals_in_order,
         resource_must_be_bound,

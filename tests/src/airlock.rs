@@ -368,6 +368,7 @@ impl Airlock {
                 "AIRLOCK_CLOSED_INTENT_RETENTION_MS",
                 config.processor.closed_intent_retention_ms.to_string(),
             )
+            .env("AIRLOCK_KEY_SCOPE", config.processor.key_scope.as_str())
             .env(
                 "AIRLOCK_CAPABILITY_WORKER_VERIFYING_KEY_FILES",
                 config

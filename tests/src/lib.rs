@@ -18,6 +18,22 @@ pub use broker::{Broker, Provider, Settings};
 /// The wall clock in milliseconds since the Unix epoch, as records' times are written.
 pub use airlock_processor::runtime::clock::wall_ms;
 
+/// The interpreter with the Python client installed: `$AIRLOCK_PYTHON`, by default the virtual
+/// environment `deploy/dev/python.sh` prepares (`$HOME/.cache/airlock/python`).
+pub fn python() -> anyhow::Result<std::path::PathBuf> {
+    let path = match std::env::var_os("AIRLOCK_PYTHON") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::PathBuf::from(std::env::var("HOME")?)
+            .join(".cache/airlock/python/bin/python"),
+    };
+    anyhow::ensure!(
+        path.exists(),
+        "no Python environment at {} (run deploy/dev/python.sh, or set AIRLOCK_PYTHON)",
+        path.display()
+    );
+    Ok(path)
+}
+
 /// A topic prefix no other test (or earlier run against the same broker) uses.
 pub fn unique_prefix(test: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -12,19 +12,7 @@ use std::process::Command;
 
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::{Keys, Ledger};
-
-fn python() -> anyhow::Result<PathBuf> {
-    let path = match std::env::var_os("AIRLOCK_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var("HOME")?).join(".cache/airlock/python/bin/python"),
-    };
-    anyhow::ensure!(
-        path.exists(),
-        "no Python environment at {} (run deploy/dev/python.sh, or set AIRLOCK_PYTHON)",
-        path.display()
-    );
-    Ok(path)
-}
+use airlock_tests::python;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyhow::Result<()> {

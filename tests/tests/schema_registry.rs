@@ -18,6 +18,7 @@ use airlock_processor::sample;
 use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
 use airlock_tests::airlock::{Airlock, InProcess, Options};
 use airlock_tests::eventually;
+use airlock_tests::python;
 use airlock_tests::registry::Registry;
 use airlock_tests::typescript;
 use airlock_tests::wall_ms;
@@ -331,22 +332,6 @@ async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_sin
     p_single.stop()?;
     p_confluent.stop()?;
     Ok(())
-}
-
-/// The interpreter with the Python client installed: `$AIRLOCK_PYTHON`, by default the virtual
-/// environment `deploy/dev/python.sh` prepares.
-fn python() -> anyhow::Result<std::path::PathBuf> {
-    let path = match std::env::var_os("AIRLOCK_PYTHON") {
-        Some(p) => std::path::PathBuf::from(p),
-        None => std::path::PathBuf::from(std::env::var("HOME")?)
-            .join(".cache/airlock/python/bin/python"),
-    };
-    anyhow::ensure!(
-        path.exists(),
-        "no Python environment at {} (run deploy/dev/python.sh, or set AIRLOCK_PYTHON)",
-        path.display()
-    );
-    Ok(path)
 }
 
 /// The Python client looks its schema id up in the registry and publishes Confluent-framed

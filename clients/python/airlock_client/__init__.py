@@ -14,6 +14,7 @@ from .client import (
     Settlement,
     TimedOut,
     content_id,
+    derive_proposal_id,
 )
 from .fence import FenceFilter, MarkerVerifier, fence_message
 from .partitioner import murmur2, partition_for
@@ -37,6 +38,7 @@ __all__ = [
     "arguments_hash",
     "canonicalize",
     "content_id",
+    "derive_proposal_id",
     "fence_message",
     "idempotency_key",
     "murmur2",

@@ -140,6 +140,17 @@ def content_id(namespace: str, parts: List[str]) -> str:
     return f"{namespace}/{h.hexdigest()[:32]}"
 
 
+def derive_proposal_id(tenant: str, operation_key: str, parts: List[str]) -> str:
+    """The id a proposal that names none gets: :func:`content_id` ``"propose"`` over ``parts``
+    (operation key, tool, tool version, arguments hash, tenant, principal, run id, logical call
+    id), under the tenant's prefix (``acme/propose/...``) when ``operation_key`` has it, as a
+    processor with ``key_scope = "tenant"`` asks of every id of a tenant."""
+    derived = content_id("propose", parts)
+    if tenant and operation_key.startswith(tenant + "/"):
+        return f"{tenant}/{derived}"
+    return derived
+
+
 def proposal_fingerprint(p: Mapping[str, Any]) -> str:
     """What the processor names a proposal by when another proposal reused its id (the
     ``r/<id>/<fingerprint>`` refusal): 128 bits of SHA-256 over its identity."""
@@ -540,8 +551,9 @@ class Client:
         canonical = canonicalize(text)
         text, digest = canonical.json, canonical.hash
         if proposal_id is None:
-            proposal_id = content_id(
-                "propose",
+            proposal_id = derive_proposal_id(
+                tenant,
+                operation_key,
                 [operation_key, tool, tool_version, digest, tenant, principal, run_id,
                  logical_call_id],
             )

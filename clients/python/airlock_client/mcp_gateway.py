@@ -104,6 +104,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="how long a call waits for Airlock's answer, then again for the outcome",
     )
     parser.add_argument(
+        "--key-scope",
+        choices=["global", "tenant"],
+        default="global",
+        help="the processor's processor.key_scope: with tenant, operation keys and the run id "
+        "begin with the tenant and '/'",
+    )
+    parser.add_argument(
         "--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp"
     )
     args = parser.parse_args(argv)
@@ -121,6 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 principal=args.principal,
                 run_id=None,
                 wait_seconds=args.wait_seconds,
+                key_scope=args.key_scope,
             )
             server = build_server(tools)
             if args.http:

@@ -181,7 +181,11 @@ def _not_run(key: str, d: Decision) -> ToolResult:
 
 class AirlockTools:
     """The registry's tools over one Airlock client, for one tenant and principal (fixed by
-    whoever builds it: an agent cannot choose them) and one agent run."""
+    whoever builds it: an agent cannot choose them) and one agent run.
+
+    ``key_scope`` is the processor's ``processor.key_scope``: with ``"tenant"`` the operation
+    keys (``acme/refund:<key>``) and the default run id (``acme/run-<hex>``) begin with the
+    tenant's id and ``/``, as such a processor asks."""
 
     def __init__(
         self,
@@ -192,14 +196,23 @@ class AirlockTools:
         principal: str,
         run_id: Optional[str] = None,
         wait_seconds: float = 60.0,
+        key_scope: str = "global",
     ):
+        if key_scope not in ("global", "tenant"):
+            raise ValueError(f"key_scope {key_scope!r} is not 'global' or 'tenant'")
         tools = load_registry(registry) if isinstance(registry, (str, Path)) else registry
         self.client = client
         self.tools: Dict[str, RegistryTool] = {t.name: t for t in tools}
         self.tenant = tenant
         self.principal = principal
-        self.run_id = run_id or f"run-{secrets.token_hex(8)}"
+        self.prefix = f"{tenant}/" if key_scope == "tenant" else ""
+        self.run_id = run_id or f"{self.prefix}run-{secrets.token_hex(8)}"
         self.wait_seconds = wait_seconds
+
+    def operation_key(self, tool: str, idempotency: str) -> str:
+        """The operation key of a call of ``tool`` under the caller's ``idempotency`` key:
+        ``<tool>:<key>``, under the tenant's prefix with ``key_scope = "tenant"``."""
+        return f"{self.prefix}{tool}:{idempotency}"
 
     async def call(
         self, name: str, arguments: Optional[Mapping[str, Any]], call_id: str
@@ -215,7 +228,7 @@ class AirlockTools:
         if idempotency is not None and (not isinstance(idempotency, str) or not idempotency):
             return _refused(f"{IDEMPOTENCY_ARGUMENT} must be a non-empty string", reason="MALFORMED")
         idempotency = idempotency or call_id
-        key = f"{tool.name}:{idempotency}"
+        key = self.operation_key(tool.name, idempotency)
         try:
             decision = await self.client.propose(
                 tool=tool.name,

@@ -12,6 +12,7 @@ from airlock_client import (
     MarkerVerifier,
     canonicalize,
     content_id,
+    derive_proposal_id,
     fence_message,
     idempotency_key,
     murmur2,
@@ -149,6 +150,13 @@ def test_derived_ids(vectors):
     for case in ids["idempotency_keys"]:
         assert idempotency_key(case["operation_key"]) == case["idempotency_key"]
     assert content_id("propose", ids["proposal_id"]["parts"]) == ids["proposal_id"]["id"]
+    plain = ids["proposal_id"]
+    assert derive_proposal_id("acme", plain["parts"][0], plain["parts"]) == plain["id"]
+    scoped = ids["scoped_proposal_id"]
+    assert (
+        derive_proposal_id(scoped["tenant"], scoped["operation_key"], scoped["parts"])
+        == scoped["id"]
+    )
     fp = ids["proposal_fingerprint"]
     assert proposal_fingerprint(fp["proposal"]) == fp["fingerprint"]
 

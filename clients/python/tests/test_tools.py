@@ -2,7 +2,15 @@
 registry it offers, and how an answer is worded for the agent."""
 
 from airlock_client.client import Decision, Settlement
-from airlock_client.tools import IDEMPOTENCY_ARGUMENT, describe, input_schema, load_registry
+import pytest
+
+from airlock_client.tools import (
+    IDEMPOTENCY_ARGUMENT,
+    AirlockTools,
+    describe,
+    input_schema,
+    load_registry,
+)
 
 from conftest import REPO
 
@@ -97,3 +105,16 @@ def test_a_refusal_says_this_call_was_not_run_and_echoes_the_key_to_use():
     # No settlement within the wait: in progress, with the exact key to attach with.
     assert waiting.structured["status"] == "in_progress"
     assert waiting.structured["airlock_idempotency_key"] == "req-2"
+
+
+def test_tenant_scoped_keys_and_runs_begin_with_the_tenant():
+    registry = REPO / "deploy/config/tools.toml"
+    scoped = AirlockTools(None, registry, tenant="acme", principal="agent-support-1",
+                          key_scope="tenant")
+    assert scoped.operation_key("refund", "k-1") == "acme/refund:k-1"
+    assert scoped.run_id.startswith("acme/run-")
+    shared = AirlockTools(None, registry, tenant="acme", principal="agent-support-1")
+    assert shared.operation_key("refund", "k-1") == "refund:k-1"
+    assert shared.run_id.startswith("run-")
+    with pytest.raises(ValueError, match="key_scope"):
+        AirlockTools(None, registry, tenant="acme", principal="p", key_scope="tenants")

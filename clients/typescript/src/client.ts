@@ -31,7 +31,7 @@ import * as codec from "./codec.js";
 import { FINAL, NOT_REFUSED, SETTLING, type Decision, type Settlement } from "./decision.js";
 import { AirlockError, BrokerUnavailable, Refused, RegistryError, TimedOut } from "./errors.js";
 import { MarkerVerifier } from "./fence.js";
-import { contentId, proposalFingerprint } from "./ids.js";
+import { contentId, deriveProposalId, proposalFingerprint } from "./ids.js";
 import { partitionFor } from "./partitioner.js";
 import { evidenceKey, Reader, STOP_WAIT_MS, Waiter } from "./reader.js";
 import { SchemaRegistry, topicSubject } from "./registry.js";
@@ -176,7 +176,7 @@ export function buildProposal(call: ProposalCall): ToolProposal {
   const toolVersion = call.toolVersion ?? "1";
   const proposalId =
     call.proposalId ??
-    contentId("propose", [
+    deriveProposalId(call.tenant, call.operationKey, [
       call.operationKey,
       call.tool,
       toolVersion,

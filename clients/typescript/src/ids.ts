@@ -24,6 +24,17 @@ export function contentId(namespace: string, parts: readonly string[]): string {
   return `${namespace}/${h.digest("hex").slice(0, 32)}`;
 }
 
+/**
+ * The id a proposal that names none gets: `contentId("propose", parts)` over the operation
+ * key, tool, tool version, arguments hash, tenant, principal, run id and logical call id, under
+ * the tenant's prefix (`acme/propose/...`) when `operationKey` has it, as a processor with
+ * `key_scope = "tenant"` asks of every id of a tenant.
+ */
+export function deriveProposalId(tenant: string, operationKey: string, parts: readonly string[]): string {
+  const derived = contentId("propose", parts);
+  return tenant !== "" && operationKey.startsWith(`${tenant}/`) ? `${tenant}/${derived}` : derived;
+}
+
 /** The fields of a proposal that name it. */
 export const PROPOSAL_IDENTITY = [
   "tenant_id",

@@ -39,7 +39,7 @@ export {
   type Header,
   type Verify,
 } from "./fence.js";
-export { contentId, proposalFingerprint } from "./ids.js";
+export { contentId, deriveProposalId, proposalFingerprint } from "./ids.js";
 export { murmur2, partitionFor } from "./partitioner.js";
 export {
   SchemaRegistry,

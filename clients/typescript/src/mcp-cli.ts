@@ -19,7 +19,7 @@ import { AirlockTools, loadRegistry } from "./tools.js";
 
 const USAGE = `usage: airlock-mcp --brokers HOST:PORT[,...] --registry TOOLS.TOML --tenant TENANT
                    --principal PRINCIPAL [--topic-prefix PREFIX] [--wait-seconds N]
-                   [--schema-registry-url URL] [--http HOST:PORT]
+                   [--schema-registry-url URL] [--key-scope global|tenant] [--http HOST:PORT]
 
 An MCP server that calls tools through Airlock.
 
@@ -35,6 +35,8 @@ An MCP server that calls tools through Airlock.
                    schema_registry.url): proposals published in the Confluent framing,
                    answers read in either (needed when the processor runs with
                    schema_registry.framing = "confluent")
+  --key-scope      the processor's processor.key_scope (default global): with tenant,
+                   operation keys and the run id begin with the tenant and "/"
   --http           serve streamable HTTP at http://HOST:PORT/mcp instead of stdio
 `;
 
@@ -59,6 +61,7 @@ async function main(argv: string[]): Promise<void> {
         principal: { type: "string" },
         "wait-seconds": { type: "string", default: "60" },
         "schema-registry-url": { type: "string" },
+        "key-scope": { type: "string", default: "global" },
         http: { type: "string" },
         help: { type: "boolean", short: "h" },
       },
@@ -87,6 +90,10 @@ async function main(argv: string[]): Promise<void> {
   if (!(waitSeconds > 0) || !Number.isFinite(waitSeconds)) {
     fail(`--wait-seconds must be a positive number, not ${String(values["wait-seconds"])}`, 2);
   }
+  const keyScope = values["key-scope"];
+  if (keyScope !== "global" && keyScope !== "tenant") {
+    fail(`--key-scope takes global or tenant, not ${String(keyScope)}`, 2);
+  }
   let listen: { host: string; port: number } | undefined;
   if (typeof values["http"] === "string") {
     const at = values["http"].lastIndexOf(":");
@@ -114,7 +121,7 @@ async function main(argv: string[]): Promise<void> {
   } catch (e) {
     fail(e instanceof Error ? e.message : String(e), 1);
   }
-  const tools = new AirlockTools(client, registry, { tenant, principal, waitSeconds });
+  const tools = new AirlockTools(client, registry, { tenant, principal, waitSeconds, keyScope });
 
   let stopping = false;
   let stopHttp: (() => Promise<void>) | undefined;

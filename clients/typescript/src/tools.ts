@@ -260,6 +260,12 @@ export interface AirlockToolsOptions {
   runId?: string;
   /** How long a call waits for Airlock's answer, then again for the outcome. Default 60 s. */
   waitSeconds?: number;
+  /**
+   * The processor's `processor.key_scope`: with `"tenant"` the operation keys
+   * (`acme/refund:<key>`) and the default run id (`acme/run-<hex>`) begin with the tenant's id
+   * and `/`, as such a processor asks. Default `"global"`.
+   */
+  keyScope?: "global" | "tenant";
 }
 
 /**
@@ -273,6 +279,8 @@ export class AirlockTools {
   readonly principal: string;
   readonly runId: string;
   readonly waitSeconds: number;
+  /** What every operation key and the default run id begin with: `<tenant>/`, or nothing. */
+  readonly prefix: string;
 
   /** `registry`: the path of Airlock's tools.toml, or tools loaded already. */
   constructor(client: ToolsClient, registry: string | readonly RegistryTool[], options: AirlockToolsOptions) {
@@ -281,11 +289,24 @@ export class AirlockTools {
     this.tools = new Map(tools.map((t) => [t.name, t]));
     this.tenant = options.tenant;
     this.principal = options.principal;
-    this.runId = options.runId ?? `run-${randomBytes(8).toString("hex")}`;
+    const scope = options.keyScope ?? "global";
+    if (scope !== "global" && scope !== "tenant") {
+      throw new RangeError(`keyScope ${JSON.stringify(scope)} is not "global" or "tenant"`);
+    }
+    this.prefix = scope === "tenant" ? `${options.tenant}/` : "";
+    this.runId = options.runId ?? `${this.prefix}run-${randomBytes(8).toString("hex")}`;
     this.waitSeconds = options.waitSeconds ?? 60;
     if (!(this.waitSeconds > 0)) {
       throw new RangeError(`waitSeconds must be positive, not ${this.waitSeconds}`);
     }
+  }
+
+  /**
+   * The operation key of a call of `tool` under the caller's `idempotency` key:
+   * `<tool>:<key>`, under the tenant's prefix with `keyScope: "tenant"`.
+   */
+  operationKey(tool: string, idempotency: string): string {
+    return `${this.prefix}${tool}:${idempotency}`;
   }
 
   /**
@@ -308,7 +329,7 @@ export class AirlockTools {
       return refused(`${IDEMPOTENCY_ARGUMENT} must be a non-empty string`, { reason: "MALFORMED" });
     }
     const idempotency = (given as string | undefined) || callId;
-    const key = `${tool.name}:${idempotency}`;
+    const key = this.operationKey(tool.name, idempotency);
     const timeoutMs = this.waitSeconds * 1000;
     let decision: Decision;
     try {

@@ -19,6 +19,7 @@ import {
   canonicalize,
   codec,
   contentId,
+  deriveProposalId,
   fenceMessage,
   idempotencyKey,
   loadVerifyingKey,
@@ -194,6 +195,9 @@ describe(`the vectors at ${VECTORS_PATH}`, () => {
       assert.equal(idempotencyKey(c.operation_key), c.idempotency_key, c.operation_key);
     }
     assert.equal(contentId("propose", ids.proposal_id.parts), ids.proposal_id.id);
+    assert.equal(deriveProposalId("acme", ids.proposal_id.parts[0], ids.proposal_id.parts), ids.proposal_id.id);
+    const scoped = ids.scoped_proposal_id;
+    assert.equal(deriveProposalId(scoped.tenant, scoped.operation_key, scoped.parts), scoped.id);
     const fp = ids.proposal_fingerprint;
     assert.equal(proposalFingerprint(fp.proposal), fp.fingerprint);
   });

@@ -14,7 +14,16 @@ import { test } from "node:test";
 import { contentAndArtifact } from "../src/adapters/langchain.js";
 import type { Decision, Settlement } from "../src/decision.js";
 import { INSTRUCTIONS, callToolResult } from "../src/mcp.js";
-import { IDEMPOTENCY_ARGUMENT, describe, describeTool, inputSchema, loadRegistry, refused } from "../src/tools.js";
+import {
+  AirlockTools,
+  IDEMPOTENCY_ARGUMENT,
+  type ToolsClient,
+  describe,
+  describeTool,
+  inputSchema,
+  loadRegistry,
+  refused,
+} from "../src/tools.js";
 import { REPO } from "./vectors.js";
 
 function decision(verdict: string, reason: string, detail = "", receipt: string | null = null): Decision {
@@ -162,4 +171,20 @@ test("a refusal is an error with its reason, for MCP and for each framework", ()
   });
   assert.deepEqual(contentAndArtifact(no), [no.text, { status: "refused", reason: "UNKNOWN_TOOL", is_error: true }]);
   assert.match(INSTRUCTIONS, /airlock_idempotency_key; retry with the same one/);
+});
+
+test("tenant-scoped keys and runs begin with the tenant", () => {
+  const registry = join(REPO, "deploy/config/tools.toml");
+  // Never called: the key and run id are formed without a broker.
+  const client = null as unknown as ToolsClient;
+  const scoped = new AirlockTools(client, registry, { tenant: "acme", principal: "agent-support-1", keyScope: "tenant" });
+  assert.equal(scoped.operationKey("refund", "k-1"), "acme/refund:k-1");
+  assert.ok(scoped.runId.startsWith("acme/run-"), scoped.runId);
+  const shared = new AirlockTools(client, registry, { tenant: "acme", principal: "agent-support-1" });
+  assert.equal(shared.operationKey("refund", "k-1"), "refund:k-1");
+  assert.ok(shared.runId.startsWith("run-"), shared.runId);
+  assert.throws(
+    () => new AirlockTools(client, registry, { tenant: "acme", principal: "p", keyScope: "tenants" as "tenant" }),
+    /keyScope/,
+  );
 });

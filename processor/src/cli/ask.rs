@@ -402,6 +402,36 @@ impl Replies<'_> {
     }
 }
 
+/// The id `airlock propose` and the clients give a proposal that names none, derived from
+/// its content so that sending it again is a resend: [`content_id`] `"propose"` over the
+/// operation key, tool, tool version, arguments hash, tenant, principal, run id and logical
+/// call id, under the tenant's prefix (`acme/propose/…`) when the operation key has it, as
+/// `processor.key_scope = "tenant"` asks of every id of a tenant.
+pub fn proposal_id(p: &airlock_schemas::ToolProposal) -> String {
+    let id = content_id(
+        "propose",
+        &[
+            &p.operation_key,
+            &p.tool,
+            &p.tool_version,
+            p.arguments_hash.as_deref().unwrap_or_default(),
+            &p.tenant_id,
+            &p.principal_id,
+            &p.run_id,
+            &p.logical_call_id,
+        ],
+    );
+    let scoped = !p.tenant_id.is_empty()
+        && p.operation_key
+            .strip_prefix(p.tenant_id.as_str())
+            .is_some_and(|rest| rest.starts_with('/'));
+    if scoped {
+        format!("{}/{id}", p.tenant_id)
+    } else {
+        id
+    }
+}
+
 /// An id derived from `parts` (length-prefixed, so moving a boundary changes it): the same
 /// command gives the same id, so a repeat is the same request.
 pub fn content_id(namespace: &str, parts: &[&str]) -> String {

@@ -123,25 +123,10 @@ fn proposal(args: &Args, now: i64) -> anyhow::Result<ToolProposal> {
     let hash = canonical::canonicalize(&text)
         .context("the arguments")?
         .hash;
-    let proposal_id = args.proposal_id.clone().unwrap_or_else(|| {
-        ask::content_id(
-            "propose",
-            &[
-                &args.operation_key,
-                &args.tool,
-                &args.tool_version,
-                &hash,
-                &args.tenant,
-                &args.principal,
-                &args.run_id,
-                &args.logical_call_id,
-            ],
-        )
-    });
     let deadline_ms =
         i64::try_from(args.deadline_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
-    Ok(ToolProposal {
-        proposal_id,
+    let mut proposal = ToolProposal {
+        proposal_id: String::new(),
         operation_key: args.operation_key.clone(),
         run_id: args.run_id.clone(),
         logical_call_id: args.logical_call_id.clone(),
@@ -156,7 +141,12 @@ fn proposal(args: &Args, now: i64) -> anyhow::Result<ToolProposal> {
         lease_fence: args.lease_fence,
         deadline_at: now.saturating_add(deadline_ms),
         proposed_at: now,
-    })
+    };
+    proposal.proposal_id = match &args.proposal_id {
+        Some(id) => id.clone(),
+        None => ask::proposal_id(&proposal),
+    };
+    Ok(proposal)
 }
 
 #[cfg(test)]

@@ -397,7 +397,7 @@ fn what_if(
 ) -> anyhow::Result<()> {
     let t = &config.tools;
     let (registry, policy) = super::check::load(&t.registry, &t.policies, &t.entities)?;
-    let in_force = Core::new(registry, policy, core::Config::default());
+    let in_force = Core::new(registry, policy, super::run::core_config(config));
     let (policies, entities) = if candidate.is_dir() {
         (
             candidate.join("policies.cedar"),
@@ -410,7 +410,7 @@ fn what_if(
         )
     };
     let (registry, policy) = super::check::load(&t.registry, &policies, &entities)?;
-    let candidate = Core::new(registry, policy, core::Config::default());
+    let candidate = Core::new(registry, policy, super::run::core_config(config));
     let topic = names.proposals();
     let wanted: Vec<(String, i32)> = partitions.iter().map(|&p| (topic.clone(), p)).collect();
     let bounds: Vec<(i32, Bounds)> = partitions

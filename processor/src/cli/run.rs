@@ -44,6 +44,16 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The core's limits and settings that the configuration sets; the rest are the core's
+/// defaults.
+pub fn core_config(config: &Config) -> core::Config {
+    core::Config {
+        closed_intent_retention_ms: config.processor.closed_intent_retention_ms,
+        key_scope: config.processor.key_scope,
+        ..core::Config::default()
+    }
+}
+
 /// The core the configuration names: tool registry and policy bundle.
 pub fn load_core(config: &Config) -> anyhow::Result<Core> {
     let t = &config.tools;
@@ -56,10 +66,18 @@ pub fn load_core(config: &Config) -> anyhow::Result<Core> {
     );
     let connectors: std::collections::BTreeSet<String> =
         registry.tools().map(|t| t.connector.clone()).collect();
-    let limits = core::Config {
-        closed_intent_retention_ms: config.processor.closed_intent_retention_ms,
-        ..core::Config::default()
-    };
+    let limits = core_config(config);
+    let tenants = policy.principal_tenants();
+    if limits.key_scope == core::KeyScope::Global && tenants.len() > 1 {
+        log::warn!(
+            "processor.key_scope is global and the policy entities name {} tenants ({}): one \
+             tenant can take an operation key, run id or proposal id another will use; set \
+             key_scope = \"tenant\" (AIRLOCK_KEY_SCOPE=tenant) where tenants do not trust each \
+             other",
+            tenants.len(),
+            tenants.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
     let people = policy.people_with_keys();
     let core = with_receipt_key(Core::new(registry, policy, limits), config)?
         .with_person_signatures_required(config.capability.require_person_signatures);

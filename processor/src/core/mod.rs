@@ -24,7 +24,7 @@ pub mod registry;
 mod vectors;
 
 pub use input::Input;
-pub use machine::{Config, Core};
+pub use machine::{Config, Core, KeyScope};
 pub use output::{Effects, TaskContext};
 pub use record::{EffectRecord, ProposalSeen, RunRecord, State, TimerFired, TimerTarget, Write};
 

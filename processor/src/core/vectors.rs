@@ -323,10 +323,25 @@ fn id_vectors() -> Value {
                 p.arguments_hash.as_deref().unwrap_or_default(), &p.tenant_id,
                 &p.principal_id, &p.run_id, &p.logical_call_id]),
         },
+        "scoped_proposal_id": scoped_proposal_id(),
         "proposal_fingerprint": {
             "proposal": serde_json::to_value(&p).expect("json"),
             "fingerprint": proposal_fingerprint(&p),
         },
+    })
+}
+
+/// A proposal whose operation key has its tenant's prefix: its derived id has it too.
+fn scoped_proposal_id() -> Value {
+    let mut p = proposal();
+    p.operation_key = format!("{}/{}", p.tenant_id, p.operation_key);
+    json!({
+        "parts": [&p.operation_key, &p.tool, &p.tool_version,
+                  p.arguments_hash.as_deref().unwrap_or_default(), &p.tenant_id,
+                  &p.principal_id, &p.run_id, &p.logical_call_id],
+        "tenant": &p.tenant_id,
+        "operation_key": &p.operation_key,
+        "id": crate::cli::ask::proposal_id(&p),
     })
 }
 

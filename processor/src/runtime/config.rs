@@ -29,6 +29,7 @@
 //! | `processor.clock_tick_ms` | `AIRLOCK_CLOCK_TICK_MS` | `1000` |
 //! | `processor.claim_stall_timeout_ms` | `AIRLOCK_CLAIM_STALL_TIMEOUT_MS` | `60000` |
 //! | `processor.closed_intent_retention_ms` | `AIRLOCK_CLOSED_INTENT_RETENTION_MS` | `2592000000` (30 days) |
+//! | `processor.key_scope` (whose identifiers operation keys, run ids and proposal ids are: `global`, one namespace for every tenant, or `tenant`, each beginning with its tenant id and `/`; see [`crate::core::KeyScope`]) | `AIRLOCK_KEY_SCOPE` | `global` |
 //! | `processor.linger_ms` | `AIRLOCK_LINGER_MS` | `2` |
 //! | `processor.threads` | `AIRLOCK_THREADS` | `4` |
 //! | `capability.signing_key_file` | `AIRLOCK_CAPABILITY_SIGNING_KEY_FILE` | empty: dispatch commands unsigned |
@@ -267,6 +268,12 @@ pub struct Processor {
     /// deleted (a changelog tombstone). Set it well past the longest time an agent may retry
     /// an old key. 0 deletes the whole record at retention.
     pub closed_intent_retention_ms: u64,
+    /// Whose identifiers operation keys, run ids and proposal ids are: `global` (one namespace
+    /// for every tenant: a tenant can take a key another will use) or `tenant` (each begins
+    /// with its tenant's id and `/`, and a proposal outside its tenant's is refused). Set
+    /// `tenant` wherever tenants do not trust each other; `airlock run` warns when the policy
+    /// entities name several tenants under `global`.
+    pub key_scope: crate::core::KeyScope,
     /// The producer's linger: a little batching of the outputs.
     pub linger_ms: u64,
     /// Threads that decide and seal a batch's partitions side by side, the polling one
@@ -292,6 +299,7 @@ impl Default for Processor {
             clock_tick_ms: 1_000,
             claim_stall_timeout_ms: 60_000,
             closed_intent_retention_ms: 30 * 24 * 3_600_000,
+            key_scope: crate::core::KeyScope::Global,
             linger_ms: 2,
             threads: 4,
         }
@@ -759,6 +767,7 @@ impl Config {
             "AIRLOCK_CLOSED_INTENT_RETENTION_MS",
             &mut self.processor.closed_intent_retention_ms,
         )?;
+        env.parse("AIRLOCK_KEY_SCOPE", &mut self.processor.key_scope)?;
         env.parse("AIRLOCK_LINGER_MS", &mut self.processor.linger_ms)?;
         env.parse("AIRLOCK_THREADS", &mut self.processor.threads)?;
         env.take(
@@ -1066,13 +1075,21 @@ partitions = 12
         );
         for name in &documented {
             // A value each kind of field takes and that differs from its default.
-            let changes = ["7", "false", "true", "k=v", "tansu-0.6", "confluent"]
-                .iter()
-                .any(|value| {
-                    let mut config = Config::default();
-                    let applied = config.apply_env(|n| (n == name).then(|| (*value).to_owned()));
-                    applied.is_ok() && config != Config::default()
-                });
+            let changes = [
+                "7",
+                "false",
+                "true",
+                "k=v",
+                "tansu-0.6",
+                "confluent",
+                "tenant",
+            ]
+            .iter()
+            .any(|value| {
+                let mut config = Config::default();
+                let applied = config.apply_env(|n| (n == name).then(|| (*value).to_owned()));
+                applied.is_ok() && config != Config::default()
+            });
             assert!(changes, "{name} sets no field");
         }
     }

@@ -61,6 +61,95 @@ pub struct Config {
     /// A control (settle, cancel, lease fence) read more than this long after its
     /// `issued_at` is refused DEADLINE_EXPIRED: a signed control cannot be replayed later.
     pub max_control_age_ms: u64,
+    /// Whose identifiers an operation key, a run id and a proposal id are: every tenant's
+    /// shared namespace, or each tenant's own ([`KeyScope`]).
+    pub key_scope: KeyScope,
+}
+
+/// Whose identifiers operation keys, run ids and proposal ids are.
+///
+/// These ids are what every part of Airlock keys by: the partition and the state record, the
+/// dispatch command, the connector worker's attempts and the idempotency key the downstream
+/// system deduplicates on. In one namespace shared by every tenant, the first tenant to use a
+/// key holds it: another tenant's intent under it is answered CONFLICT, and a run id or
+/// proposal id used by another tenant first is another tenant's run or reply. Scoping the ids
+/// by tenant at the boundary keeps them one identity end to end, with no other change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyScope {
+    /// One namespace for every tenant: right for a single tenant, or tenants that trust each
+    /// other.
+    #[default]
+    Global,
+    /// Each tenant's own: a proposal's operation key, run id and proposal id each begin with
+    /// its tenant id and a `/` (`acme/refund:txn_1`), and a tenant id holds no `/`. A proposal
+    /// outside its tenant's ids is refused TENANT_MISMATCH and not remembered, so it takes
+    /// nothing from the tenant it names.
+    Tenant,
+}
+
+impl std::str::FromStr for KeyScope {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "global" => Ok(KeyScope::Global),
+            "tenant" => Ok(KeyScope::Tenant),
+            other => Err(format!("{other:?} is not global or tenant")),
+        }
+    }
+}
+
+impl KeyScope {
+    /// The configuration's spelling: `global` or `tenant`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyScope::Global => "global",
+            KeyScope::Tenant => "tenant",
+        }
+    }
+
+    /// What is wrong with `p`'s identifiers under this scope, if anything.
+    ///
+    /// ```
+    /// # use airlock_processor::core::KeyScope;
+    /// let mut p = airlock_processor::sample::refund("acme/refund:1", 100, 0); // tenant acme
+    /// p.run_id = "acme/run-1".into();
+    /// p.proposal_id = "acme/p-1".into();
+    /// assert_eq!(KeyScope::Tenant.problem(&p), None);
+    /// p.operation_key = "globex/refund:1".into();
+    /// assert!(KeyScope::Tenant.problem(&p).unwrap().contains("operation_key"));
+    /// assert_eq!(KeyScope::Global.problem(&p), None);
+    /// ```
+    pub fn problem(self, p: &ToolProposal) -> Option<String> {
+        if self == KeyScope::Global {
+            return None;
+        }
+        let tenant = &p.tenant_id;
+        if tenant.is_empty() || tenant.contains('/') {
+            return Some(format!(
+                "tenant id {tenant:?} cannot scope identifiers: with processor.key_scope = \
+                 \"tenant\" it is not empty and holds no '/'"
+            ));
+        }
+        let ids = [
+            ("operation_key", &p.operation_key),
+            ("run_id", &p.run_id),
+            ("proposal_id", &p.proposal_id),
+        ];
+        ids.iter().find_map(|(name, id)| {
+            let own = id
+                .strip_prefix(tenant.as_str())
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|rest| !rest.is_empty());
+            (!own).then(|| {
+                format!(
+                    "{name} {id:?} is not one of tenant {tenant}'s: with processor.key_scope = \
+                     \"tenant\" it begins with \"{tenant}/\""
+                )
+            })
+        })
+    }
 }
 
 impl Default for Config {
@@ -75,6 +164,7 @@ impl Default for Config {
             max_identifier_bytes: 512,
             closed_intent_retention_ms: 30 * 24 * 3_600_000,
             max_control_age_ms: 3_600_000,
+            key_scope: KeyScope::Global,
         }
     }
 }

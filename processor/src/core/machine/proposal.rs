@@ -10,10 +10,28 @@ impl Core {
         p: &ToolProposal,
         step: &mut Step,
     ) -> Result<()> {
+        // Before the id is looked up: a proposal naming another tenant's ids must neither
+        // learn whether they are used nor take them (its refusal is not remembered).
+        if let Some(detail) = self.config.key_scope.problem(p) {
+            return self.refuse_unremembered(
+                p,
+                (Verdict::Rejected, Reason::TenantMismatch, detail),
+                step,
+            );
+        }
         if let Some(seen) = view.proposal(&p.proposal_id)? {
             let fingerprint = proposal_fingerprint(p);
             if seen.fingerprint.as_ref().is_some_and(|f| *f != fingerprint) {
-                return self.refuse_reused_id(p, &fingerprint, step);
+                let detail = format!(
+                    "proposal id {} was already used by another proposal; give each proposal \
+                     its own id",
+                    p.proposal_id
+                );
+                return self.refuse_unremembered(
+                    p,
+                    (Verdict::Conflict, Reason::HashConflict, detail),
+                    step,
+                );
             }
             // A producer-side resend: the same reply again, nothing else.
             step.out.decisions.push(Decision {
@@ -41,32 +59,32 @@ impl Core {
         }
     }
 
-    /// Another proposal under an id already answered (a reused or guessed id, perhaps another
-    /// tenant's): refused, naming nothing of the first proposal or its reply, and not
-    /// remembered (the id stays the first proposal's).
-    fn refuse_reused_id(&self, p: &ToolProposal, fingerprint: &str, step: &mut Step) -> Result<()> {
-        let detail = format!(
-            "proposal id {} was already used by another proposal; give each proposal its own id",
-            p.proposal_id
-        );
+    /// A proposal refused without being remembered: another proposal under an id already
+    /// answered (a reused or guessed id, perhaps another tenant's), or one whose ids are not
+    /// its tenant's ([`KeyScope::problem`]). The refusal names nothing of any other proposal
+    /// or intent, and the id stays free, or the first proposal's.
+    fn refuse_unremembered(&self, p: &ToolProposal, reply: Reply, step: &mut Step) -> Result<()> {
+        let (verdict, reason, detail) = reply;
+        let fingerprint = proposal_fingerprint(p);
         let mut event = self.event(JournalKind::ProposalDecided, step, None);
         fill_from_proposal(&mut event, p);
-        // The id is the first proposal's: this refusal is not its decision (an auditor must
-        // not count that proposal as refused), so the event names no proposal.
+        // The id is another proposal's, or free: this refusal is not the decision of the
+        // proposal that owns it (an auditor must not count that one as refused), so the
+        // event names no proposal.
         event.proposal_id = None;
-        event.verdict = Some(Verdict::Conflict);
-        event.reason = Some(Reason::HashConflict);
+        event.verdict = Some(verdict);
+        event.reason = Some(reason);
         event.evidence = Some(detail.clone());
         step.journal(event, Vec::new())?;
         step.out.decisions.push(Decision {
-            // `r/`: an answer to a reuse of the id, never the answer of the proposal that owns
-            // it (clients waiting for that one skip it).
+            // `r/`: an answer to this content under the id, never the answer of the proposal
+            // that owns it (clients waiting for that one skip it).
             decision_id: format!("r/{}/{fingerprint}", p.proposal_id),
             in_reply_to: p.proposal_id.clone(),
             operation_key: p.operation_key.clone(),
             run_id: Some(p.run_id.clone()),
-            verdict: Verdict::Conflict,
-            reason: Reason::HashConflict,
+            verdict,
+            reason,
             detail,
             arguments_hash: None,
             policy_bundle_hash: None,

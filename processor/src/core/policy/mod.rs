@@ -292,6 +292,8 @@ pub struct Policy {
     /// Per principal id, the verifying keys of [`VERIFYING_KEYS_ATTR`] (principals without
     /// any are absent).
     person_keys: BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>,
+    /// See [`Policy::principal_tenants`].
+    principal_tenants: std::collections::BTreeSet<String>,
     bundle_hash: String,
 }
 
@@ -344,6 +346,11 @@ impl Policy {
     /// approvals and operator controls count only signed by one of them.
     pub fn person_keys(&self, id: &str) -> Option<&[ed25519_dalek::VerifyingKey]> {
         self.person_keys.get(id).map(Vec::as_slice)
+    }
+
+    /// The tenants the principals of the entities belong to (their `tenant` attribute).
+    pub fn principal_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.principal_tenants.clone()
     }
 
     /// How many principals have verifying keys registered.
@@ -641,6 +648,17 @@ impl Policy {
             origin: entities_origin.to_owned(),
             message,
         })?;
+        let principal_tenants = principals(entities_json)
+            .map_err(|message| Error::Entities {
+                origin: entities_origin.to_owned(),
+                message,
+            })?
+            .into_iter()
+            .filter_map(|(_, entity)| {
+                let tenant = entity.get("attrs")?.get("tenant")?.as_str()?;
+                Some(tenant.to_owned())
+            })
+            .collect();
 
         Ok(Policy {
             invoke_index,
@@ -657,28 +675,40 @@ impl Policy {
             settle,
             cancel,
             person_keys,
+            principal_tenants,
             bundle_hash: bundle_digest(canonical_policies, canonical_entities),
         })
     }
+}
+
+/// The principal entities of an entities file, by id.
+fn principals(entities_json: &str) -> std::result::Result<Vec<(String, Value)>, String> {
+    let value: Value = serde_json::from_str(entities_json).map_err(|e| e.to_string())?;
+    let items = match value {
+        Value::Array(items) => items,
+        other => vec![other],
+    };
+    Ok(items
+        .into_iter()
+        .filter_map(|entity| {
+            // Cedar takes a uid as `{"type", "id"}` or as `{"__entity": {"type", "id"}}`.
+            let uid = entity.get("uid").map(|u| u.get("__entity").unwrap_or(u));
+            let field = |name: &str| uid.and_then(|u| u.get(name)).and_then(Value::as_str);
+            let (Some(PRINCIPAL_TYPE), Some(id)) = (field("type"), field("id")) else {
+                return None;
+            };
+            let id = id.to_owned();
+            Some((id, entity))
+        })
+        .collect())
 }
 
 /// The verifying keys each principal entity lists in [`VERIFYING_KEYS_ATTR`], by principal id.
 fn person_keys(
     entities_json: &str,
 ) -> std::result::Result<BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>, String> {
-    let value: Value = serde_json::from_str(entities_json).map_err(|e| e.to_string())?;
-    let items = match value {
-        Value::Array(items) => items,
-        other => vec![other],
-    };
     let mut out = BTreeMap::new();
-    for entity in &items {
-        // Cedar takes a uid as `{"type", "id"}` or as `{"__entity": {"type", "id"}}`.
-        let uid = entity.get("uid").map(|u| u.get("__entity").unwrap_or(u));
-        let field = |name: &str| uid.and_then(|u| u.get(name)).and_then(Value::as_str);
-        let (Some(PRINCIPAL_TYPE), Some(id)) = (field("type"), field("id")) else {
-            continue;
-        };
+    for (id, entity) in principals(entities_json)? {
         let Some(keys) = entity.get("attrs").and_then(|a| a.get(VERIFYING_KEYS_ATTR)) else {
             continue;
         };
