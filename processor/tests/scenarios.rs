@@ -576,6 +576,38 @@ fn another_tenant_under_a_key_learns_nothing_and_changes_nothing() -> Vec<Decisi
     );
     assert!(e.dispatches.is_empty());
     assert_eq!(w.record("refund:k-1"), bound);
+    // An approval under globex's name for acme's intent is answered as one for a key nobody
+    // used: not its state, run or approvals.
+    let now = w.now;
+    let approval = |key: &str| Approval {
+        approval_id: format!("globex-approval-{key}"),
+        tenant_id: "globex".into(),
+        ..sample::approval(
+            &p,
+            &bound.arguments_hash,
+            "operator-globex",
+            ApprovalVerdict::Approve,
+            now,
+        )
+    };
+    let unused = w.feed(Input::Approval(Approval {
+        operation_key: "refund:nobody".into(),
+        ..approval("refund:nobody")
+    }));
+    let e = w.feed(Input::Approval(approval("refund:k-1")));
+    let (d, nobody) = (decision(&e), decision(&unused));
+    assert_eq!((d.verdict, d.reason), (nobody.verdict, nobody.reason));
+    assert_eq!(d.reason, Reason::NoPendingApproval);
+    assert_eq!(
+        d.detail,
+        nobody.detail.replace("refund:nobody", "refund:k-1")
+    );
+    assert!(
+        d.state.is_none() && d.run_id.is_none() && d.receipt.is_none(),
+        "{d:?}"
+    );
+    assert!(e.writes.is_empty() && e.dispatches.is_empty());
+    assert_eq!(w.record("refund:k-1"), bound);
     // An outcome for a key nobody proposed: journaled as evidence, nothing else.
     let e = w.feed(Input::Outcome(sample::outcome(
         "refund:nobody",
@@ -640,6 +672,11 @@ fn tenant_scoped_ids_belong_to_their_tenant() -> Vec<Decision> {
             operation_key: "globex/".into(),
             ..globex.clone()
         },
+        // globex's agent naming acme as its tenant, with acme's ids and arguments.
+        ToolProposal {
+            principal_id: globex.principal_id.clone(),
+            ..acme.clone()
+        },
     ];
     for squat in &squats {
         let e = w.propose(squat);
@@ -648,6 +685,7 @@ fn tenant_scoped_ids_belong_to_their_tenant() -> Vec<Decision> {
         assert!(d.decision_id.starts_with("r/"), "{d:?}");
         assert!(d.detail.contains("key_scope"), "{}", d.detail);
         assert!(e.writes.is_empty() && e.dispatches.is_empty(), "{e:?}");
+        assert!(e.journal.iter().all(|j| j.proposal_id.is_none()), "{e:?}");
     }
     // acme's own proposal is decided as if nobody had tried.
     let e = w.propose(&acme);
@@ -663,6 +701,56 @@ fn tenant_scoped_ids_belong_to_their_tenant() -> Vec<Decision> {
     );
     assert_eq!(w.record("acme/refund:k-1").tenant_id, "acme");
     assert_eq!(w.record("globex/refund:k-1").tenant_id, "globex");
+    // Only acme's principals raise the fence of an acme run: globex's operator cannot lock
+    // acme's agents out; acme's operator can.
+    let fence = |id: &str, operator: &str, fence: i64| {
+        let mut c = sample::control(id, ControlKind::LeaseFence, None, now);
+        c.run_id = Some("acme/run-1".into());
+        c.lease_fence = Some(fence);
+        c.operator_id = operator.into();
+        Input::Control(c)
+    };
+    let e = w.feed(fence("fence-globex", "operator-globex", 99));
+    assert_verdict(&e, Verdict::Rejected, Reason::TenantMismatch);
+    assert!(e.writes.is_empty(), "{e:?}");
+    let next = ToolProposal {
+        proposal_id: "acme/p-2".into(),
+        ..sample::refund("acme/refund:k-2", 700, now)
+    };
+    let next = ToolProposal {
+        run_id: acme.run_id.clone(),
+        ..next
+    };
+    assert_verdict(&w.propose(&next), Verdict::Accepted, Reason::AutoApproved);
+    let e = w.feed(fence("fence-acme", "operator-olga", 5));
+    assert_verdict(&e, Verdict::Recorded, Reason::FenceAdvanced);
+    // globex's operator approving or settling acme's intent, naming acme as the tenant, is
+    // answered as for a key nobody used.
+    let e = w.feed(Input::Approval(Approval {
+        approval_id: "acme/approval-x".into(),
+        ..sample::approval(
+            &acme,
+            &acme_dispatch.arguments_hash,
+            "operator-globex",
+            ApprovalVerdict::Approve,
+            now,
+        )
+    }));
+    assert_verdict(&e, Verdict::Rejected, Reason::NoPendingApproval);
+    let d = decision(&e);
+    assert!(d.state.is_none() && d.run_id.is_none(), "{d:?}");
+    let mut settle = sample::control(
+        "settle-x",
+        ControlKind::SettleFailed,
+        Some("acme/refund:k-1"),
+        now,
+    );
+    settle.operator_id = "operator-globex".into();
+    let e = w.feed(Input::Control(settle));
+    assert_verdict(&e, Verdict::Rejected, Reason::NoPendingApproval);
+    let d = decision(&e);
+    assert!(d.state.is_none() && d.epoch.is_none(), "{d:?}");
+    assert_eq!(d.detail, "no intent for operation key acme/refund:k-1");
     w.seen
 }
 

@@ -664,7 +664,13 @@ class Client:
                 self._reader.follow(self.decisions, partition, _left(deadline))
 
                 def wants(d: Decision, partition: int = partition) -> bool:
-                    return d.in_reply_to == control_id and d.partition == partition
+                    # The processor's answer to this control (`c/<id>`, or `x/...` when it was
+                    # dead-lettered), not the refusal of another record naming its id.
+                    return (
+                        d.in_reply_to == control_id
+                        and d.partition == partition
+                        and (d.decision_id == f"c/{control_id}" or d.decision_id.startswith("x/"))
+                    )
 
                 waiter = _Waiter(self.decisions, partition, wants)
                 # Only an answer read from now on: an earlier one to the same fence proves

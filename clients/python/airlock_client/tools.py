@@ -206,6 +206,10 @@ class AirlockTools:
         self.tenant = tenant
         self.principal = principal
         self.prefix = f"{tenant}/" if key_scope == "tenant" else ""
+        if run_id is not None and not run_id.startswith(self.prefix):
+            raise ValueError(
+                f"run_id {run_id!r} must begin with {self.prefix!r} under key_scope 'tenant'"
+            )
         self.run_id = run_id or f"{self.prefix}run-{secrets.token_hex(8)}"
         self.wait_seconds = wait_seconds
 

@@ -116,5 +116,8 @@ def test_tenant_scoped_keys_and_runs_begin_with_the_tenant():
     shared = AirlockTools(None, registry, tenant="acme", principal="agent-support-1")
     assert shared.operation_key("refund", "k-1") == "refund:k-1"
     assert shared.run_id.startswith("run-")
+    with pytest.raises(ValueError, match="must begin with 'acme/'"):
+        AirlockTools(None, registry, tenant="acme", principal="p", run_id="run-1",
+                     key_scope="tenant")
     with pytest.raises(ValueError, match="key_scope"):
         AirlockTools(None, registry, tenant="acme", principal="p", key_scope="tenants")

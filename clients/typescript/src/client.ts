@@ -511,7 +511,12 @@ export class Client {
         const waiter = new Waiter(
           this.decisions,
           partition,
-          (d: Decision) => d.inReplyTo === controlId && d.partition === partition,
+          // The processor's answer to this control (`c/<id>`, or `x/...` when it was
+          // dead-lettered), not the refusal of another record naming its id.
+          (d: Decision) =>
+            d.inReplyTo === controlId &&
+            d.partition === partition &&
+            (d.decisionId === `c/${controlId}` || d.decisionId.startsWith("x/")),
         );
         // Only an answer read from now on: an earlier one to the same fence proves nothing.
         pending.push([partition, this.#reader.wait(waiter, () => null), waiter]);

@@ -294,6 +294,9 @@ export class AirlockTools {
       throw new RangeError(`keyScope ${JSON.stringify(scope)} is not "global" or "tenant"`);
     }
     this.prefix = scope === "tenant" ? `${options.tenant}/` : "";
+    if (options.runId !== undefined && !options.runId.startsWith(this.prefix)) {
+      throw new RangeError(`runId ${JSON.stringify(options.runId)} must begin with "${this.prefix}" under keyScope "tenant"`);
+    }
     this.runId = options.runId ?? `${this.prefix}run-${randomBytes(8).toString("hex")}`;
     this.waitSeconds = options.waitSeconds ?? 60;
     if (!(this.waitSeconds > 0)) {

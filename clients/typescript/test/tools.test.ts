@@ -184,6 +184,10 @@ test("tenant-scoped keys and runs begin with the tenant", () => {
   assert.equal(shared.operationKey("refund", "k-1"), "refund:k-1");
   assert.ok(shared.runId.startsWith("run-"), shared.runId);
   assert.throws(
+    () => new AirlockTools(client, registry, { tenant: "acme", principal: "p", runId: "run-1", keyScope: "tenant" }),
+    /must begin with "acme\/"/,
+  );
+  assert.throws(
     () => new AirlockTools(client, registry, { tenant: "acme", principal: "p", keyScope: "tenants" as "tenant" }),
     /keyScope/,
   );

@@ -77,6 +77,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         payload,
         reply_to: &approval.approval_id,
         done: |d| matches!(d.verdict, Verdict::Recorded | Verdict::Duplicate),
+        answer_ids: vec![format!("a/{}", approval.approval_id)],
     };
     let answer =
         ask::publish_and_await(&asker, "approve", &request, args.common.timeout(), || {

@@ -92,6 +92,13 @@ pub struct Request<'a> {
     /// whose earlier run was refused (the proposal had not arrived, the effect was not
     /// settleable yet) publishes again and waits for the answer after it.
     pub done: fn(&Decision) -> bool,
+    /// The decision ids that answer it: `p/<id>` and `r/<id>/<fingerprint>` for a proposal,
+    /// `a/<id>` for an approval, `c/<id>` for a control. The dead-letter answer of the record
+    /// published (`x/<topic>/<partition>/<offset>`) counts too, and so do the processor's own
+    /// later answers about the intent (`e/...`). Another decision replying to the same id
+    /// (another proposal reusing it, someone else's record dead-lettered) is not this
+    /// request's answer.
+    pub answer_ids: Vec<String>,
 }
 
 /// One command's exchange with the processor: its configuration and the codec of the answers,
@@ -178,7 +185,14 @@ pub fn publish_and_await(
         )
     });
     let answers = Answers::open(asker, role, partition)?;
-    let wants = |d: &Decision| d.in_reply_to == request.reply_to;
+    // Known once the request is placed.
+    let dead_letter_id = std::cell::OnceCell::new();
+    let wants = |d: &Decision| {
+        d.in_reply_to == request.reply_to
+            && (request.answer_ids.contains(&d.decision_id)
+                || d.decision_id.starts_with("e/")
+                || dead_letter_id.get() == Some(&d.decision_id))
+    };
     let mut replies = answers.replies(request.reply_to, &wants);
     let end = answers.end;
     let partition = answers.partition;
@@ -199,7 +213,7 @@ pub fn publish_and_await(
         });
     }
 
-    producer
+    let offset = producer
         .send_phased(&[OutRecord {
             topic: request.topic.clone(),
             partition,
@@ -208,7 +222,9 @@ pub fn publish_and_await(
             headers: request.headers.clone(),
             phase: 0,
         }])
-        .with_context(|| format!("producing to {} (is the broker up?)", request.topic))?;
+        .with_context(|| format!("producing to {} (is the broker up?)", request.topic))?
+        .placed(&request.topic, partition)?;
+    let _ = dead_letter_id.set(format!("x/{}/{partition}/{offset}", request.topic));
     published()?;
     loop {
         if let Some((offset, decision)) = replies.next(deadline, timeout)?

@@ -72,6 +72,14 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         // Any answer about this proposal (the latest shows where its intent stands: approved,
         // committed), but not a refusal of another proposal that reused its id (`r/...`).
         done: |d| !d.decision_id.starts_with("r/"),
+        answer_ids: vec![
+            format!("p/{}", proposal.proposal_id),
+            format!(
+                "r/{}/{}",
+                proposal.proposal_id,
+                crate::core::machine::proposal_fingerprint(&proposal)
+            ),
+        ],
     };
     let answer =
         ask::publish_and_await(&asker, "propose", &request, args.common.timeout(), || {

@@ -545,7 +545,6 @@ pub(super) fn ends(
         .context("writing barrier records to learn where the partitions end (--read-only to write nothing)")
 }
 
-/// The partitions asked for, checked against the topic's count.
 /// Which partitions a command reads or writes: every one by default.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct PartitionArgs {
@@ -572,6 +571,7 @@ impl PartitionArgs {
     }
 }
 
+/// The partitions asked for, checked against the topic's count.
 fn partitions(asked: &[i32], count: i32) -> anyhow::Result<Vec<i32>> {
     if asked.is_empty() {
         return Ok((0..count).collect());

@@ -300,6 +300,7 @@ fn run_fence(args: &FenceArgs, out: &mut impl Write) -> anyhow::Result<()> {
             // this command a newer owner may have raised the fence, and only a fresh answer
             // says whether this one still holds (the same fence again is recorded again).
             done: |_| false,
+            answer_ids: vec![format!("c/{control_id}")],
         };
         match ask::publish_and_await(&asker, "runs", &request, args.common.timeout(), || Ok(())) {
             Ok(answer) => {

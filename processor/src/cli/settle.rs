@@ -75,6 +75,7 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<()> {
         payload,
         reply_to: &control_id,
         done: |d| d.reason == Reason::OperatorSettled,
+        answer_ids: vec![format!("c/{control_id}")],
     };
     let answer = ask::publish_and_await(&asker, "settle", &request, args.common.timeout(), || {
         writeln!(

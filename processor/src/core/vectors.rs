@@ -335,6 +335,7 @@ fn id_vectors() -> Value {
 fn scoped_proposal_id() -> Value {
     let mut p = proposal();
     p.operation_key = format!("{}/{}", p.tenant_id, p.operation_key);
+    p.run_id = format!("{}/{}", p.tenant_id, p.run_id);
     json!({
         "parts": [&p.operation_key, &p.tool, &p.tool_version,
                   p.arguments_hash.as_deref().unwrap_or_default(), &p.tenant_id,

@@ -12,13 +12,28 @@ impl Core {
         step: &mut Step,
     ) -> Result<()> {
         let now = step.now;
-        let existing = view.effect(&a.operation_key)?;
+        // An approval names its intent's tenant. Under another tenant's name the intent is not
+        // there for it, answered as a key nobody used: whether the key is used, its state, run
+        // and approvals are not the sender's to learn.
+        // Under tenant-scoped ids the approver must be one of the tenant's principals, or naming
+        // the tenant would do.
+        let own_tenant = self.config.key_scope != KeyScope::Tenant
+            || self.policy.principal_tenant(&a.approver_id) == Some(a.tenant_id.as_str());
+        let existing = match own_tenant {
+            true => view
+                .effect(&a.operation_key)?
+                .filter(|rec| rec.tenant_id == a.tenant_id),
+            false => None,
+        };
         let refusal = |verdict: Verdict, reason: Reason, detail: String| (verdict, reason, detail);
         let checked = match &existing {
             None => Err(refusal(
                 Verdict::Rejected,
                 Reason::NoPendingApproval,
-                format!("no intent for operation key {}", a.operation_key),
+                format!(
+                    "no intent of tenant {} under operation key {}",
+                    a.tenant_id, a.operation_key
+                ),
             )),
             Some(rec) if rec.used_approvals.contains(&a.approval_id) => Err(refusal(
                 Verdict::Duplicate,

@@ -41,6 +41,9 @@ impl Core {
                     step,
                 );
             };
+            if let Some(problem) = self.fence_problem(run_id, &c.operator_id) {
+                return self.control_refused(c, None, Reason::TenantMismatch, problem, step);
+            }
             let mut run = view.run(run_id)?.unwrap_or(RunRecord {
                 highest_fence: fence,
                 dispatches: 0,
@@ -105,7 +108,17 @@ impl Core {
                 step,
             );
         };
-        let Some(mut rec) = view.effect(key)? else {
+        // Under tenant-scoped ids an operator of another tenant than the key's is answered as
+        // for a key nobody used: the intent's state is not theirs to learn.
+        let own_tenant = self.config.key_scope != KeyScope::Tenant
+            || key.split_once('/').is_some_and(|(tenant, _)| {
+                self.policy.principal_tenant(&c.operator_id) == Some(tenant)
+            });
+        let found = match own_tenant {
+            true => view.effect(key)?,
+            false => None,
+        };
+        let Some(mut rec) = found else {
             return self.control_refused(
                 c,
                 None,
@@ -269,6 +282,24 @@ impl Core {
         );
         step.out.decisions.push(reply);
         event
+    }
+
+    /// Why `operator` may not raise run `run_id`'s fence, if it may not. With tenant-scoped ids
+    /// a run belongs to the tenant its id begins with, and only that tenant's principals (as
+    /// the policy entities know them) fence it; in one shared namespace a run has no tenant,
+    /// and anyone who may write the control topic may.
+    fn fence_problem(&self, run_id: &str, operator: &str) -> Option<String> {
+        if self.config.key_scope != KeyScope::Tenant {
+            return None;
+        }
+        let run_tenant = run_id.split_once('/').map(|(tenant, _)| tenant);
+        match (run_tenant, self.policy.principal_tenant(operator)) {
+            (Some(run), Some(theirs)) if !run.is_empty() && run == theirs => None,
+            _ => Some(format!(
+                "{operator} may not fence run {run_id}: with processor.key_scope = \"tenant\" \
+                 only a principal of the tenant the run id begins with may"
+            )),
+        }
     }
 
     fn control_refused(

@@ -12,7 +12,7 @@ impl Core {
     ) -> Result<()> {
         // Before the id is looked up: a proposal naming another tenant's ids must neither
         // learn whether they are used nor take them (its refusal is not remembered).
-        if let Some(detail) = self.config.key_scope.problem(p) {
+        if let Some(detail) = self.scope_problem(p) {
             return self.refuse_unremembered(
                 p,
                 (Verdict::Rejected, Reason::TenantMismatch, detail),
@@ -56,6 +56,26 @@ impl Core {
         match self.evaluate_proposal(view, p, step.now)? {
             Evaluation::Refused(refusal) => self.refuse_proposal(p, refusal, step),
             Evaluation::Admitted(admitted) => self.admit_proposal(view, p, *admitted, step),
+        }
+    }
+
+    /// Why `p` may not use the ids it names under tenant-scoped ids ([`KeyScope::problem`]),
+    /// or may not name its tenant: the policy entities must place its principal in that tenant,
+    /// or naming another tenant would give it that tenant's ids.
+    fn scope_problem(&self, p: &ToolProposal) -> Option<String> {
+        if self.config.key_scope != KeyScope::Tenant {
+            return None;
+        }
+        if let Some(problem) = self.config.key_scope.problem(p) {
+            return Some(problem);
+        }
+        match self.policy.principal_tenant(&p.principal_id) {
+            Some(tenant) if tenant == p.tenant_id => None,
+            _ => Some(format!(
+                "principal {} is not one of tenant {}'s in the policy entities: with \
+                 processor.key_scope = \"tenant\" a proposal names its principal's tenant",
+                p.principal_id, p.tenant_id
+            )),
         }
     }
 

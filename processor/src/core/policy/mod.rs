@@ -292,8 +292,8 @@ pub struct Policy {
     /// Per principal id, the verifying keys of [`VERIFYING_KEYS_ATTR`] (principals without
     /// any are absent).
     person_keys: BTreeMap<String, Vec<ed25519_dalek::VerifyingKey>>,
-    /// See [`Policy::principal_tenants`].
-    principal_tenants: std::collections::BTreeSet<String>,
+    /// Each principal's tenant, by principal id ([`Policy::principal_tenant`]).
+    principal_tenants: BTreeMap<String, String>,
     bundle_hash: String,
 }
 
@@ -350,7 +350,12 @@ impl Policy {
 
     /// The tenants the principals of the entities belong to (their `tenant` attribute).
     pub fn principal_tenants(&self) -> std::collections::BTreeSet<String> {
-        self.principal_tenants.clone()
+        self.principal_tenants.values().cloned().collect()
+    }
+
+    /// The tenant principal `id` belongs to, when the entities give it one.
+    pub fn principal_tenant(&self, id: &str) -> Option<&str> {
+        self.principal_tenants.get(id).map(String::as_str)
     }
 
     /// How many principals have verifying keys registered.
@@ -654,9 +659,9 @@ impl Policy {
                 message,
             })?
             .into_iter()
-            .filter_map(|(_, entity)| {
+            .filter_map(|(id, entity)| {
                 let tenant = entity.get("attrs")?.get("tenant")?.as_str()?;
-                Some(tenant.to_owned())
+                Some((id, tenant.to_owned()))
             })
             .collect();
 
