@@ -138,6 +138,28 @@ pub fn refund(operation_key: &str, minor_units: i64, now: i64) -> ToolProposal {
     }
 }
 
+/// Two refunds of 700 EUR cents under tenant-scoped ids (`processor.key_scope = "tenant"`), the
+/// same key suffix `key` under each tenant's prefix: acme's by `agent-support-1` (proposal
+/// `acme/p-1`, run `acme/run-1`) and globex's by `agent-globex-1` (`globex/p-1`,
+/// `globex/run-1`), each on its own tenant's account.
+pub fn tenant_refunds(key: &str, now: i64) -> (ToolProposal, ToolProposal) {
+    let acme = ToolProposal {
+        proposal_id: "acme/p-1".to_owned(),
+        run_id: "acme/run-1".to_owned(),
+        ..refund(&format!("acme/{key}"), 700, now)
+    };
+    let globex = ToolProposal {
+        proposal_id: "globex/p-1".to_owned(),
+        operation_key: format!("globex/{key}"),
+        run_id: "globex/run-1".to_owned(),
+        tenant_id: "globex".to_owned(),
+        principal_id: "agent-globex-1".to_owned(),
+        arguments_json: money_arguments("globex", "acct-7", 700, "EUR"),
+        ..acme.clone()
+    };
+    (acme, globex)
+}
+
 /// Runs a [`fleet_refund`] spreads its proposals over.
 pub const FLEET_RUNS: usize = 1_000;
 

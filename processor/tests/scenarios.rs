@@ -633,20 +633,7 @@ fn tenant_scoped_ids_belong_to_their_tenant() -> Vec<Decision> {
         ..core::Config::default()
     });
     let now = w.now;
-    let acme = ToolProposal {
-        proposal_id: "acme/p-1".into(),
-        run_id: "acme/run-1".into(),
-        ..sample::refund("acme/refund:k-1", 700, now)
-    };
-    let globex = ToolProposal {
-        proposal_id: "globex/p-1".into(),
-        operation_key: "globex/refund:k-1".into(),
-        run_id: "globex/run-9".into(),
-        tenant_id: "globex".into(),
-        principal_id: "agent-globex-1".into(),
-        arguments_json: sample::money_arguments("globex", "acct-7", 700, "EUR"),
-        ..acme.clone()
-    };
+    let (acme, globex) = sample::tenant_refunds("refund:k-1", now);
     // globex's agent, before acme uses them: acme's key, acme's proposal id, acme's run (at a
     // fence meant to lock acme out), a tenant id that could pass for a prefix, a bare prefix.
     let squats = [

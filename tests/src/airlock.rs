@@ -75,6 +75,21 @@ pub struct Options {
     pub signing_people: bool,
 }
 
+impl Options {
+    /// What a test that runs connector workers and the ledger needs: the processors sign their
+    /// dispatch commands with `keys` (workers are given its verifying key), workers spawned here
+    /// sign their outcomes, and attempts keep the reference 10 s caps, so that deadlines and
+    /// reconciliation happen during the test.
+    pub fn with_workers(keys: &crate::connector::Keys) -> Options {
+        Options {
+            reference_attempt_timeouts: true,
+            signing_key_file: Some(keys.signing_file.clone()),
+            signing_workers: true,
+            ..Options::default()
+        }
+    }
+}
+
 /// The approvers and operators of the reference entities, who sign with
 /// [`Options::signing_people`].
 pub const PEOPLE: &[&str] = &[

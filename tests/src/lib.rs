@@ -34,6 +34,41 @@ pub fn python() -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// pytest over one folder of the Python client's tests (`clients/python/tests/<suite>`), quiet,
+/// every outcome reported, its input closed and killed when dropped: add the environment the
+/// suite reads, then run it with [`pytest_passes`].
+pub fn pytest(suite: &str) -> anyhow::Result<tokio::process::Command> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut command = tokio::process::Command::new(python()?);
+    command
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
+        .arg(root.join("clients/python/tests").join(suite))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// Runs `pytest` ([`pytest`]) for at most `within`; an error naming `what` with pytest's output
+/// when a test failed or was skipped (a skipped live test proves nothing). Prints pytest's
+/// summary line.
+pub async fn pytest_passes(
+    mut pytest: tokio::process::Command,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let out = tokio::time::timeout(within, pytest.output())
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} did not finish within {within:?}"))??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success() && !stdout.contains("skipped"),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{what}: {}", stdout.lines().last().unwrap_or_default());
+    Ok(())
+}
+
 /// A topic prefix no other test (or earlier run against the same broker) uses.
 pub fn unique_prefix(test: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -177,17 +177,7 @@ async fn a_hundred_sigkills_leave_one_effect_per_intent_and_every_proposal_decid
     let kills = env_or("AIRLOCK_CHAOS_KILLS", 100);
     let n = env_or("AIRLOCK_CHAOS_PROPOSALS", 600);
     let keys = Keys::generate()?;
-    let mut a = Airlock::start_with(
-        "chaos",
-        PARTITIONS,
-        Options {
-            reference_attempt_timeouts: true,
-            signing_key_file: Some(keys.signing_file.clone()),
-            signing_workers: true,
-            ..Options::default()
-        },
-    )
-    .await?;
+    let mut a = Airlock::start_with("chaos", PARTITIONS, Options::with_workers(&keys)).await?;
     // The harness's 10 s poll interval is shorter than a debug build takes over a backlog
     // batch (up to 2,000 inputs a partition) on a loaded two-core machine: the instance busy
     // with it leaves the group, its peer redoes the batch (now larger) and leaves in turn, and

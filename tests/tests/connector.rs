@@ -33,17 +33,7 @@ fn log_file(test: &str, what: &str) -> PathBuf {
 const ACCOUNTS: [(&str, &str, &str, i64); 1] = [("acme", "acct-42", "EUR", 10_000_000)];
 
 async fn signed_airlock(test: &str, keys: &Keys) -> anyhow::Result<Airlock> {
-    Airlock::start_with(
-        test,
-        PARTITIONS,
-        Options {
-            reference_attempt_timeouts: true,
-            signing_key_file: Some(keys.signing_file.clone()),
-            signing_workers: true,
-            ..Options::default()
-        },
-    )
-    .await
+    Airlock::start_with(test, PARTITIONS, Options::with_workers(keys)).await
 }
 
 fn outcomes_of(a: &Airlock, key: &str) -> anyhow::Result<Vec<Outcome>> {

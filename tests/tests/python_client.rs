@@ -7,16 +7,14 @@
 //! `deploy/dev/python.sh` prepares (`$HOME/.cache/airlock/python`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::time::Duration;
 
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::{Keys, Ledger};
-use airlock_tests::python;
+use airlock_tests::{pytest, pytest_passes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyhow::Result<()> {
-    let python = python()?;
     let keys = Keys::generate()?;
     let a = Airlock::start_with(
         "python",
@@ -43,26 +41,19 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
     )?;
     let mut processor = a.spawn_process("p1", "group", &dir.path().join("run.log"))?;
 
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let report = dir.path().join("committed.txt");
-    let out = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
-        .arg(root.join("clients/python/tests/integration"))
+    let mut tests = pytest("integration")?;
+    tests
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_REPORT", &report)
         .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
         // The MCP lost-response test arms a ledger fault.
-        .env("AIRLOCK_TEST_LEDGER", &ledger.base_url)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !stdout.contains("skipped"),
-        "the Python client's integration tests failed (logs in {}):\n{stdout}\n{}",
-        dir.keep().display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+        .env("AIRLOCK_TEST_LEDGER", &ledger.base_url);
+    let what = "the Python client's integration tests";
+    if let Err(e) = pytest_passes(tests, Duration::from_secs(900), what).await {
+        return Err(e.context(format!("logs in {}", dir.keep().display())));
+    }
 
     // Each refund the client saw COMMITTED is one business effect, however often it was sent.
     let committed = std::fs::read_to_string(&report)?;
@@ -74,20 +65,13 @@ async fn the_python_client_proposes_waits_and_never_doubles_an_effect() -> anyho
     assert_eq!(ledger.effects_total().await?, committed.len() as u64);
 
     // Last: a forged fence marker stays in the decisions topic for good.
-    let out = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
-        .arg(root.join("clients/python/tests/forged"))
+    let mut forged = pytest("forged")?;
+    forged
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
-        .env("AIRLOCK_TEST_VERIFYING_KEY", &keys.verifying_file)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !stdout.contains("skipped"),
-        "the forged-marker test of the Python client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+        .env("AIRLOCK_TEST_VERIFYING_KEY", &keys.verifying_file);
+    let what = "the forged-marker test of the Python client";
+    pytest_passes(forged, Duration::from_secs(300), what).await?;
     let _ = processor.kill();
     assert!(worker.stop()?, "the worker stops cleanly");
     Ok(())

@@ -18,11 +18,11 @@ use airlock_processor::sample;
 use airlock_schemas::{Codec, Decision, RecordKind, SchemaIds, ToolProposal};
 use airlock_tests::airlock::{Airlock, InProcess, Options};
 use airlock_tests::eventually;
-use airlock_tests::python;
 use airlock_tests::registry::Registry;
 use airlock_tests::typescript;
 use airlock_tests::wall_ms;
 use airlock_tests::workload::{self, Lcg};
+use airlock_tests::{pytest, pytest_passes};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -340,29 +340,21 @@ async fn schemas_are_registered_and_confluent_framed_inputs_are_decided_like_sin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_publishes_in_confluent_framing_with_the_registry_id()
 -> anyhow::Result<()> {
-    let python = python()?;
     let registry = Registry::start().await?;
     let (a, processor, proposal_id) = framed_airlock("registry-py", &registry).await?;
 
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut pytest = tokio::process::Command::new(&python);
-    pytest
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
-        .arg(root.join("clients/python/tests/registry"))
+    let mut tests = pytest("registry")?;
+    tests
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
         .env("AIRLOCK_TEST_SCHEMA_REGISTRY", &registry.url)
-        .env("AIRLOCK_TEST_PROPOSAL_SCHEMA_ID", proposal_id.to_string())
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(180), pytest.output()).await??;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !stdout.contains("skipped"),
-        "the Python client's registry tests failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+        .env("AIRLOCK_TEST_PROPOSAL_SCHEMA_ID", proposal_id.to_string());
+    pytest_passes(
+        tests,
+        Duration::from_secs(180),
+        "the Python client's registry tests",
+    )
+    .await?;
 
     assert_answered_in_confluent_framing(&a, proposal_id, 1).await?;
     processor.stop()?;

@@ -17,8 +17,8 @@ use airlock_schemas::{Decision, Reason, ToolProposal, Verdict};
 use airlock_tests::airlock::{Airlock, Options};
 use airlock_tests::connector::{Keys, Ledger};
 use airlock_tests::eventually;
-use airlock_tests::python;
 use airlock_tests::wall_ms;
+use airlock_tests::{pytest, pytest_passes};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -61,17 +61,7 @@ async fn committed(a: &Airlock, key: &str, logs: &[&Path]) -> anyhow::Result<Dec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_never_share_a_key_from_proposal_to_ledger() -> anyhow::Result<()> {
     let keys = Keys::generate()?;
-    let mut a = Airlock::start_with(
-        "tenants",
-        2,
-        Options {
-            reference_attempt_timeouts: true,
-            signing_key_file: Some(keys.signing_file.clone()),
-            signing_workers: true,
-            ..Options::default()
-        },
-    )
-    .await?;
+    let mut a = Airlock::start_with("tenants", 2, Options::with_workers(&keys)).await?;
     a.config.processor.key_scope = KeyScope::Tenant;
     let (processor_log, ledger_log, worker_log) = (
         log_file("processor"),
@@ -96,20 +86,7 @@ async fn tenants_never_share_a_key_from_proposal_to_ledger() -> anyhow::Result<(
     let producer = a.producer()?;
     let now = wall_ms();
 
-    let acme = ToolProposal {
-        proposal_id: "acme/p-1".into(),
-        run_id: "acme/run-1".into(),
-        ..sample::refund("acme/refund:t-1", 700, now)
-    };
-    let globex = ToolProposal {
-        proposal_id: "globex/p-1".into(),
-        operation_key: "globex/refund:t-1".into(),
-        run_id: "globex/run-1".into(),
-        tenant_id: "globex".into(),
-        principal_id: "agent-globex-1".into(),
-        arguments_json: sample::money_arguments("globex", "acct-7", 700, "EUR"),
-        ..acme.clone()
-    };
+    let (acme, globex) = sample::tenant_refunds("refund:t-1", now);
     // globex's agent goes first, under acme's key and with acme's proposal id: as itself, then
     // naming acme as its tenant.
     let squats = [
@@ -169,24 +146,17 @@ async fn tenants_never_share_a_key_from_proposal_to_ledger() -> anyhow::Result<(
     assert_eq!(ledger.effects_total().await?, 2);
 
     // The Python client against the same processor: two more effects, none for the squat.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut pytest = tokio::process::Command::new(python()?);
-    pytest
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"])
-        .arg(root.join("clients/python/tests/tenants"))
+    let mut tests = pytest("tenants")?;
+    tests
         .env("AIRLOCK_TEST_BROKERS", &a.config.kafka.brokers)
         .env("AIRLOCK_TEST_PREFIX", &a.config.topics.prefix)
-        .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(240), pytest.output()).await??;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !stdout.contains("skipped"),
-        "the Python client's tenant tests failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{}", stdout.lines().last().unwrap_or_default());
+        .env("AIRLOCK_TEST_REGISTRY", &a.config.tools.registry);
+    pytest_passes(
+        tests,
+        Duration::from_secs(240),
+        "the Python client's tenant tests",
+    )
+    .await?;
     assert_eq!(ledger.effects_total().await?, 4);
     assert!(worker.stop()?);
     Ok(())
