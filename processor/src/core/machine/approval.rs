@@ -12,14 +12,11 @@ impl Core {
         step: &mut Step,
     ) -> Result<()> {
         let now = step.now;
-        // An approval names its intent's tenant. Under another tenant's name the intent is not
-        // there for it, answered as a key nobody used: whether the key is used, its state, run
-        // and approvals are not the sender's to learn.
-        // Under tenant-scoped ids the approver must be one of the tenant's principals, or naming
-        // the tenant would do.
-        let own_tenant = self.config.key_scope != KeyScope::Tenant
-            || self.policy.principal_tenant(&a.approver_id) == Some(a.tenant_id.as_str());
-        let existing = match own_tenant {
+        // An approval names its intent's tenant, and under tenant-scoped ids its approver must
+        // be one of that tenant's principals. Otherwise the intent is not there for it: answered
+        // as a key nobody used, since whether the key is used, its state, run and approvals are
+        // not the sender's to learn.
+        let existing = match self.scoped_to(&a.approver_id, &a.tenant_id) {
             true => view
                 .effect(&a.operation_key)?
                 .filter(|rec| rec.tenant_id == a.tenant_id),

@@ -110,11 +110,7 @@ impl Core {
         };
         // Under tenant-scoped ids an operator of another tenant than the key's is answered as
         // for a key nobody used: the intent's state is not theirs to learn.
-        let own_tenant = self.config.key_scope != KeyScope::Tenant
-            || key.split_once('/').is_some_and(|(tenant, _)| {
-                self.policy.principal_tenant(&c.operator_id) == Some(tenant)
-            });
-        let found = match own_tenant {
+        let found = match self.scoped_id(&c.operator_id, key) {
             true => view.effect(key)?,
             false => None,
         };
@@ -289,13 +285,9 @@ impl Core {
     /// the policy entities know them) fence it; in one shared namespace a run has no tenant,
     /// and anyone who may write the control topic may.
     fn fence_problem(&self, run_id: &str, operator: &str) -> Option<String> {
-        if self.config.key_scope != KeyScope::Tenant {
-            return None;
-        }
-        let run_tenant = run_id.split_once('/').map(|(tenant, _)| tenant);
-        match (run_tenant, self.policy.principal_tenant(operator)) {
-            (Some(run), Some(theirs)) if !run.is_empty() && run == theirs => None,
-            _ => Some(format!(
+        match self.scoped_id(operator, run_id) {
+            true => None,
+            false => Some(format!(
                 "{operator} may not fence run {run_id}: with processor.key_scope = \"tenant\" \
                  only a principal of the tenant the run id begins with may"
             )),

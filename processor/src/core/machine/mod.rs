@@ -109,6 +109,15 @@ impl KeyScope {
         }
     }
 
+    /// The tenant a tenant-scoped id belongs to: what comes before its first `/`, when neither
+    /// that nor the rest is empty (`acme/refund:1` is acme's; `acme/`, `/x` and `x` are no
+    /// tenant's).
+    pub fn tenant_of(id: &str) -> Option<&str> {
+        id.split_once('/')
+            .filter(|(tenant, rest)| !tenant.is_empty() && !rest.is_empty())
+            .map(|(tenant, _)| tenant)
+    }
+
     /// What is wrong with `p`'s identifiers under this scope, if anything.
     ///
     /// ```
@@ -138,11 +147,7 @@ impl KeyScope {
             ("proposal_id", &p.proposal_id),
         ];
         ids.iter().find_map(|(name, id)| {
-            let own = id
-                .strip_prefix(tenant.as_str())
-                .and_then(|rest| rest.strip_prefix('/'))
-                .is_some_and(|rest| !rest.is_empty());
-            (!own).then(|| {
+            (KeyScope::tenant_of(id) != Some(tenant.as_str())).then(|| {
                 format!(
                     "{name} {id:?} is not one of tenant {tenant}'s: with processor.key_scope = \
                      \"tenant\" it begins with \"{tenant}/\""

@@ -63,20 +63,32 @@ impl Core {
     /// or may not name its tenant: the policy entities must place its principal in that tenant,
     /// or naming another tenant would give it that tenant's ids.
     fn scope_problem(&self, p: &ToolProposal) -> Option<String> {
-        if self.config.key_scope != KeyScope::Tenant {
-            return None;
-        }
         if let Some(problem) = self.config.key_scope.problem(p) {
             return Some(problem);
         }
-        match self.policy.principal_tenant(&p.principal_id) {
-            Some(tenant) if tenant == p.tenant_id => None,
-            _ => Some(format!(
+        match self.scoped_to(&p.principal_id, &p.tenant_id) {
+            true => None,
+            false => Some(format!(
                 "principal {} is not one of tenant {}'s in the policy entities: with \
                  processor.key_scope = \"tenant\" a proposal names its principal's tenant",
                 p.principal_id, p.tenant_id
             )),
         }
+    }
+
+    /// Whether `principal` may act on ids of `tenant`: always in the shared namespace; under
+    /// tenant-scoped ids only when the policy entities place the principal in that tenant.
+    pub(super) fn scoped_to(&self, principal: &str, tenant: &str) -> bool {
+        self.config.key_scope != KeyScope::Tenant
+            || self.policy.principal_tenant(principal) == Some(tenant)
+    }
+
+    /// Whether `principal` may act on the tenant-scoped id `id` (an operation key, a run id):
+    /// always in the shared namespace; under tenant-scoped ids only when `id` belongs to the
+    /// principal's tenant ([`KeyScope::tenant_of`]).
+    pub(super) fn scoped_id(&self, principal: &str, id: &str) -> bool {
+        self.config.key_scope != KeyScope::Tenant
+            || KeyScope::tenant_of(id).is_some_and(|tenant| self.scoped_to(principal, tenant))
     }
 
     /// A proposal refused without being remembered: another proposal under an id already
